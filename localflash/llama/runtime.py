@@ -1,0 +1,332 @@
+"""Models, contexts and batches over llama.cpp's low-level C API.
+
+Token ids go in as Python ints or NumPy arrays; logits and layer inputs come
+out as NumPy views onto llama.cpp's own buffers (valid until the next decode
+on that context), so no full-vocabulary copy is made unless the caller asks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import LocalflashError, RollbackError
+from .bindings import ext, lib, recent_log
+
+GGUF_MAGIC = b"GGUF"
+
+KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+
+
+def check_gguf(path: str | Path) -> Path:
+    """Fail with one line unless ``path`` is an existing GGUF file."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise LocalflashError(f"model file not found: {p}", hint="check the path, or list pairs with `localflash models`")
+    if not p.is_file():
+        raise LocalflashError(f"not a file: {p}")
+    with p.open("rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise LocalflashError(f"not a GGUF file: {p}", hint="localflash loads llama.cpp GGUF models (*.gguf)")
+    return p
+
+
+def default_threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+@dataclass
+class ModelOptions:
+    n_gpu_layers: int = -1
+    split_mode: int = 1  # LAYER
+    main_gpu: int = 0
+    tensor_split: list[float] | None = None
+    use_mmap: bool = True
+    vocab_only: bool = False
+
+
+class Model:
+    """A loaded GGUF model: weights, vocabulary and metadata."""
+
+    def __init__(self, path: str | Path, options: ModelOptions | None = None):
+        L = lib()
+        self.path = check_gguf(path)
+        o = options or ModelOptions()
+        params = L.llama_model_default_params()
+        params.n_gpu_layers = o.n_gpu_layers
+        params.split_mode = o.split_mode
+        params.main_gpu = o.main_gpu
+        params.vocab_only = o.vocab_only
+        params.load_mode = L.LLAMA_LOAD_MODE_MMAP if o.use_mmap else L.LLAMA_LOAD_MODE_NONE
+        self._tensor_split = None
+        if o.tensor_split:
+            n = L.llama_max_devices()
+            self._tensor_split = (ctypes.c_float * n)(*(o.tensor_split + [0.0] * (n - len(o.tensor_split)))[:n])
+            params.tensor_split = self._tensor_split
+        self.ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self.ptr:
+            raise LocalflashError(f"llama.cpp could not load {self.path.name}: {_last_error()}")
+        self._free = weakref.finalize(self, L.llama_model_free, self.ptr)
+        self.vocab = L.llama_model_get_vocab(self.ptr)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.n_embd = L.llama_model_n_embd(self.ptr)
+        self.n_layer = L.llama_model_n_layer(self.ptr)
+        self.arch = self.meta("general.architecture") or "?"
+        self.bos = L.llama_vocab_bos(self.vocab)
+        self.eos = L.llama_vocab_eos(self.vocab)
+        self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
+        self._piece_cache: dict[int, bytes] = {}
+
+    # -- metadata -----------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = lib().llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    @property
+    def size_bytes(self) -> int:
+        return lib().llama_model_size(self.ptr)
+
+    @property
+    def n_params(self) -> int:
+        return lib().llama_model_n_params(self.ptr)
+
+    def chat_template(self) -> str | None:
+        ptr = lib().llama_model_chat_template(self.ptr, None)
+        return ptr.decode("utf-8", errors="replace") if ptr else None
+
+    def target_layer_ids(self) -> list[int]:
+        """The ``<arch>.target_layers`` of a DFlash/EAGLE-3 drafter (layer-input ids)."""
+        x = ext()
+        n = x.llama_model_target_layer_ids_n(self.ptr)
+        ids = x.llama_model_target_layer_ids(self.ptr)
+        return [ids[i] for i in range(n)]
+
+    def mask_token(self) -> int:
+        return lib().llama_vocab_mask(self.vocab)
+
+    # -- vocabulary ---------------------------------------------------------
+    def is_eog(self, token: int) -> bool:
+        return bool(lib().llama_vocab_is_eog(self.vocab, token))
+
+    def token_text(self, token: int) -> str:
+        t = lib().llama_vocab_get_text(self.vocab, token)
+        return t.decode("utf-8", errors="replace") if t else ""
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        L = lib()
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """Raw bytes of one token (may be part of a UTF-8 character)."""
+        b = self._piece_cache.get(token)
+        if b is None:
+            buf = ctypes.create_string_buffer(64)
+            n = lib().llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = lib().llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            b = buf.raw[:n]
+            self._piece_cache[token] = b
+        return b
+
+    def detokenize(self, tokens) -> str:
+        return b"".join(self.piece(int(t)) for t in tokens).decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        self._free()
+        self.ptr = None
+
+
+@dataclass
+class ContextOptions:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_outputs_max: int = 0  # 0 = n_batch
+    n_threads: int = 0  # 0 = default_threads()
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: int = -1  # AUTO
+    n_rs_seq: int = 0  # recurrent-state snapshots, for hybrid targets' rollback
+
+
+class Batch:
+    """A reusable ``llama_batch`` with NumPy views onto its arrays."""
+
+    def __init__(self, capacity: int, embd_width: int = 0):
+        L = lib()
+        self.capacity = capacity
+        self.width = embd_width
+        self.raw = L.llama_batch_init(capacity, embd_width, 1)
+        self.close = weakref.finalize(self, L.llama_batch_free, self.raw)
+        if embd_width:
+            self.embd = np.ctypeslib.as_array(self.raw.embd, shape=(capacity, embd_width))
+        else:
+            self.token = np.ctypeslib.as_array(self.raw.token, shape=(capacity,))
+        self.pos = np.ctypeslib.as_array(self.raw.pos, shape=(capacity,))
+        self.logits = np.ctypeslib.as_array(self.raw.logits, shape=(capacity,))
+        np.ctypeslib.as_array(self.raw.n_seq_id, shape=(capacity,))[:] = 1
+        for i in range(capacity):
+            self.raw.seq_id[i][0] = 0
+
+
+class Context:
+    """An inference context (KV cache, compute buffers) on one model, sequence 0."""
+
+    def __init__(self, model: Model, options: ContextOptions | None = None, other: "Context | None" = None):
+        L = lib()
+        self.model = model
+        o = options or ContextOptions()
+        p = L.llama_context_default_params()
+        p.n_ctx = o.n_ctx
+        p.n_batch = min(o.n_batch, o.n_ctx)
+        p.n_ubatch = min(o.n_ubatch, p.n_batch)
+        p.n_seq_max = 1
+        p.n_outputs_max = o.n_outputs_max
+        p.n_rs_seq = o.n_rs_seq
+        threads = o.n_threads or default_threads()
+        p.n_threads = threads
+        p.n_threads_batch = threads
+        p.flash_attn_type = o.flash_attn
+        for name, attr in (("type_k", o.type_k), ("type_v", o.type_v)):
+            if attr not in KV_TYPES:
+                raise LocalflashError(f"unknown KV cache type {attr!r}", hint=f"use one of {', '.join(KV_TYPES)}")
+            setattr(p, name, KV_TYPES[attr])
+        if other is not None:
+            p.ctx_other = other.ptr
+        self.ptr = L.llama_init_from_model(model.ptr, p)
+        if not self.ptr:
+            raise LocalflashError(f"llama.cpp could not create a context for {model.path.name}: {_last_error()}")
+        self._free = weakref.finalize(self, L.llama_free, self.ptr)
+        self.n_ctx = L.llama_n_ctx(self.ptr)
+        self.n_batch = p.n_batch
+        self.n_outputs_max = o.n_outputs_max or p.n_batch
+        self.mem = L.llama_get_memory(self.ptr)
+        self._batch = Batch(self.n_batch)
+        self._embd_batch: Batch | None = None
+        self._n_out = 0
+        self.n_last = 0  # tokens in the last token decode (rows of layer inputs)
+
+    # -- decoding -----------------------------------------------------------
+    def decode(self, tokens, start_pos: int, outputs: str = "last") -> int:
+        """Decode ``tokens`` at ``start_pos..``; ``outputs`` is ``last``, ``all`` or ``none``.
+
+        Returns the number of output rows; read them with :meth:`logits`.
+        The batch must fit ``n_batch``; longer input goes through :meth:`prefill`.
+        """
+        n = len(tokens)
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        b = self._batch
+        b.token[:n] = tokens
+        b.pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
+        if outputs == "all":
+            b.logits[:n] = 1
+            n_out = n
+        else:
+            b.logits[:n] = 0
+            if outputs == "last":
+                b.logits[n - 1] = 1
+            n_out = int(outputs == "last")
+        b.raw.n_tokens = n
+        self._run(b.raw, n)
+        self._n_out = n_out
+        self.n_last = n
+        return n_out
+
+    def decode_embd(self, rows: np.ndarray, start_pos: int) -> None:
+        """Decode a batch of float input rows (e.g. DFlash target features); no outputs."""
+        n, width = rows.shape
+        if self._embd_batch is None or self._embd_batch.width != width:
+            if self._embd_batch is not None:
+                self._embd_batch.close()
+            self._embd_batch = Batch(self.n_batch, width)
+        b = self._embd_batch
+        for off in range(0, n, self.n_batch):
+            m = min(self.n_batch, n - off)
+            b.embd[:m] = rows[off : off + m]
+            b.pos[:m] = np.arange(start_pos + off, start_pos + off + m, dtype=np.int32)
+            b.logits[:m] = 0
+            b.raw.n_tokens = m
+            self._run(b.raw, m)
+        self._n_out = 0
+
+    def _run(self, raw, n: int) -> None:
+        rc = lib().llama_decode(self.ptr, raw)
+        if rc != 0:
+            if rc == 1:
+                raise LocalflashError(
+                    f"the context is full ({self.n_ctx} tokens)", hint="raise -c/--ctx or shorten the prompt"
+                )
+            raise LocalflashError(f"llama_decode failed with code {rc} on a batch of {n}: {_last_error()}")
+
+    def logits(self, row: int = -1) -> np.ndarray:
+        """Logits of output row ``row`` of the last decode, a view of ``n_vocab`` floats."""
+        ptr = lib().llama_get_logits_ith(self.ptr, row)
+        if not ptr:
+            raise LocalflashError("no logits for that row")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    def all_logits(self) -> np.ndarray:
+        """All output rows of the last decode, a ``[n_outputs, n_vocab]`` view."""
+        ptr = lib().llama_get_logits(self.ptr)
+        return np.ctypeslib.as_array(ptr, shape=(self._n_out, self.model.n_vocab))
+
+    # -- memory -------------------------------------------------------------
+    def seq_rm(self, p0: int, p1: int = -1) -> None:
+        """Remove positions ``[p0, p1)`` from the cache; raise if the memory cannot."""
+        if not lib().llama_memory_seq_rm(self.mem, 0, p0, p1):
+            raise RollbackError(
+                f"{self.model.path.name}: the cache could not drop positions from {p0}",
+                hint="hybrid/recurrent models need n_rs_seq >= the draft length",
+            )
+
+    def pos_max(self) -> int:
+        return lib().llama_memory_seq_pos_max(self.mem, 0)
+
+    def clear(self) -> None:
+        lib().llama_memory_clear(self.mem, True)
+
+    def set_causal(self, causal: bool) -> None:
+        lib().llama_set_causal_attn(self.ptr, causal)
+
+    # -- layer inputs (DFlash / EAGLE-3 features) --------------------------
+    def capture_layer_inputs(self, layer_ids: list[int]) -> None:
+        for lid in layer_ids:
+            if not 0 <= lid < self.model.n_layer:
+                raise LocalflashError(
+                    f"layer input {lid} is outside {self.model.path.name}'s layers 0..{self.model.n_layer - 1}",
+                    hint="the drafter was made for a deeper target",
+                )
+            ext().llama_set_embeddings_layer_inp(self.ptr, lid, True)
+
+    def layer_input(self, lid: int, n_rows: int) -> np.ndarray:
+        """The input of layer ``lid`` for every token of the last decode: ``[n_rows, n_embd]`` view."""
+        ptr = ext().llama_get_embeddings_layer_inp(self.ptr, lid)
+        if not ptr:
+            raise LocalflashError(f"layer {lid} inputs were not captured", hint="call capture_layer_inputs first")
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_embd))
+
+    def close(self) -> None:
+        self._free()
+        self.ptr = None
+
+
+def _last_error() -> str:
+    lines = [ln.strip() for ln in recent_log() if "error" in ln.lower() or "failed" in ln.lower()]
+    return lines[-1] if lines else "see --verbose for llama.cpp's log"

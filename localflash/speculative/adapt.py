@@ -1,0 +1,110 @@
+"""Choosing the draft length each cycle from measured costs and acceptance.
+
+Expected tokens committed by a cycle that drafts k tokens:
+    E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j
+where a_j is the (recent) rate at which position j is accepted given that
+position j-1 was. Its cost is verify(k+1) + draft(k), both measured on this
+machine as the run goes. The policy picks the k in 0..max that maximises
+E(k)/cost(k); k = 0 is plain decoding, chosen when drafting does not pay.
+While drafting is off it still probes now and then, so it can turn back on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PRIOR_HITS, PRIOR_TRIES = 1.0, 2.0  # optimistic 0.5 until the run says otherwise
+DECAY = 0.98  # weight of history per observation: adapts to phase changes (thinking vs answer)
+PROBE_EVERY = 16
+
+
+@dataclass
+class CostTable:
+    """EMA of seconds per call, by size; unmeasured sizes are interpolated."""
+
+    ema: dict[int, float] = field(default_factory=dict)
+    alpha: float = 0.2
+
+    def add(self, size: int, seconds: float) -> None:
+        old = self.ema.get(size)
+        self.ema[size] = seconds if old is None else old + self.alpha * (seconds - old)
+
+    def __call__(self, size: int) -> float | None:
+        if size in self.ema:
+            return self.ema[size]
+        if not self.ema:
+            return None
+        keys = sorted(self.ema)
+        lo = max((s for s in keys if s < size), default=None)
+        hi = min((s for s in keys if s > size), default=None)
+        if lo is not None and hi is not None:
+            f = (size - lo) / (hi - lo)
+            return self.ema[lo] + f * (self.ema[hi] - self.ema[lo])
+        # outside the measured range: scale the nearest by size (pessimistic for verify)
+        near = lo if lo is not None else hi
+        return self.ema[near] * max(size, 1) / max(near, 1) if lo is not None else self.ema[near]
+
+
+class DraftPolicy:
+    """Fixed (``adaptive=False``) or cost-model draft length in ``0..max_draft``."""
+
+    def __init__(self, max_draft: int, adaptive: bool = True, draft_cost_grows: bool = True):
+        self.max_draft = max_draft
+        self.adaptive = adaptive
+        self.draft_cost_grows = draft_cost_grows
+        self.verify = CostTable()
+        self.draft = CostTable()
+        self.hits = [0.0] * max_draft
+        self.tries = [0.0] * max_draft
+        self.cycles_off = 0
+        self.last_choice = max_draft
+
+    def accept_rate(self, j: int) -> float:
+        return (self.hits[j] + PRIOR_HITS) / (self.tries[j] + PRIOR_TRIES)
+
+    def expected_tokens(self, k: int) -> float:
+        e, run = 1.0, 1.0
+        for j in range(k):
+            run *= self.accept_rate(j)
+            e += run
+        return e
+
+    def cost(self, k: int) -> float | None:
+        v = self.verify(k + 1)
+        if v is None:
+            return None
+        if k == 0:
+            return v
+        d = self.draft(k if self.draft_cost_grows else 1)
+        return v + (d or 0.0)
+
+    def choose(self, limit: int) -> int:
+        """Draft length for the next cycle, at most ``limit`` (context or token budget)."""
+        top = max(0, min(self.max_draft, limit))
+        if not self.adaptive or top == 0:
+            self.last_choice = top
+            return top
+        scores = {}
+        for k in range(top + 1):
+            c = self.cost(k)
+            if c is None or c <= 0:
+                self.last_choice = top  # not measured yet: try the full length once
+                return top
+            scores[k] = self.expected_tokens(k) / c
+        best = max(scores, key=lambda k: (scores[k], -k))
+        if best == 0:
+            self.cycles_off += 1
+            if self.cycles_off % PROBE_EVERY == 0:
+                best = min(2, top)
+        else:
+            self.cycles_off = 0
+        self.last_choice = best
+        return best
+
+    def record(self, n_drafted: int, n_accepted: int, t_verify: float, t_draft: float) -> None:
+        self.verify.add(n_drafted + 1, t_verify)
+        if n_drafted:
+            self.draft.add(n_drafted if self.draft_cost_grows else 1, t_draft)
+        for j in range(min(n_accepted + 1, n_drafted)):
+            self.tries[j] = self.tries[j] * DECAY + 1.0
+            self.hits[j] = self.hits[j] * DECAY + (1.0 if j < n_accepted else 0.0)

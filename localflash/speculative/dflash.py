@@ -1,0 +1,103 @@
+"""DFlash: a block-diffusion drafter that proposes a whole block in one forward.
+
+It runs inside llama.cpp (arch ``dflash``) and borrows the target's token
+embedding and LM head through ``ctx_other``. After every target decode the
+committed rows' inputs of the tapped target layers are concatenated and
+injected into the drafter's KV cache at the same positions; a draft is one
+decode of ``[last committed token, MASK × (B-1)]`` whose rows 1.. are read
+greedily, after which the noise block is dropped from the drafter's cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import LocalflashError
+from ..llama import Context, ContextOptions, Model
+from .drafter import Drafter
+
+# Architectures whose llama.cpp graph exposes per-layer inputs (t_layer_inp).
+LAYER_INPUT_ARCHS = {
+    "llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "qwen4exp", "gemma4",
+    "gpt-oss", "openai-moe", "lfm2", "nemotron_h", "minimax-m2", "mimo2", "deepseek4",
+    "bailingmoe3", "hunyuan-vl", "nanbeige", "muse-glimmer", "minimax-01",
+}
+
+
+def check_dflash_pair(target: Model, drafter: Model) -> list[int]:
+    """Validate a DFlash drafter against its target; return the layer ids to tap."""
+    if drafter.arch != "dflash":
+        raise LocalflashError(f"{drafter.path.name} is a {drafter.arch!r} model, not a DFlash drafter")
+    if target.arch not in LAYER_INPUT_ARCHS:
+        raise LocalflashError(
+            f"target arch {target.arch!r} cannot export layer inputs, which DFlash needs",
+            hint="use --spec draft with a small model of the same family, or --spec ngram",
+        )
+    ids = drafter.target_layer_ids()
+    if not ids:
+        raise LocalflashError(f"{drafter.path.name} names no target layers (dflash.target_layers)")
+    if max(ids) >= target.n_layer or min(ids) < 0:
+        raise LocalflashError(
+            f"drafter taps target layers {ids} but {target.path.name} has {target.n_layer} layers",
+            hint="this drafter was made for a different (deeper) target",
+        )
+    if drafter.n_embd != target.n_embd:
+        raise LocalflashError(
+            f"drafter fuses {len(ids)} x {drafter.n_embd} features but the target gives "
+            f"{len(ids)} x {target.n_embd}",
+            hint="this drafter was made for a target of another width",
+        )
+    if drafter.n_vocab != target.n_vocab:
+        raise LocalflashError(
+            f"drafter vocabulary ({drafter.n_vocab}) differs from the target's ({target.n_vocab})"
+        )
+    return ids
+
+
+class DFlashDrafter(Drafter):
+    name = "dflash"
+    cost_grows_with_length = False
+
+    def __init__(self, model: Model, target: Model, target_ctx: Context, n_ctx: int, n_threads: int = 0):
+        self.layer_ids = check_dflash_pair(target, model)
+        self.model = model
+        self.block_size = int(model.meta("dflash.block_size") or 16)
+        self.max_draft = self.block_size - 1
+        self.mask = model.mask_token()
+        if self.mask < 0:
+            raise LocalflashError(f"{model.path.name} has no mask token (tokenizer.ggml.mask_token_id)")
+        self.ctx = Context(
+            model,
+            ContextOptions(n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_outputs_max=self.block_size, n_threads=n_threads),
+            other=target_ctx,
+        )
+        self.ctx.set_causal((model.meta("dflash.attention.causal") or "false").lower() == "true")
+        target_ctx.capture_layer_inputs(self.layer_ids)
+        self.n_injected = 0  # positions 0..n_injected-1 carry target features
+
+    def rollback(self, n_keep: int) -> None:
+        if self.n_injected > n_keep:
+            self.ctx.seq_rm(n_keep)
+            self.n_injected = n_keep
+
+    def on_target_decode(self, target_ctx: Context, start_pos: int, n_committed: int) -> None:
+        if start_pos != self.n_injected:
+            raise LocalflashError(f"DFlash features out of step: injecting at {start_pos}, expected {self.n_injected}")
+        rows = target_ctx.n_last
+        feats = np.concatenate([target_ctx.layer_input(lid, rows)[:n_committed] for lid in self.layer_ids], axis=1)
+        self.ctx.decode_embd(feats, start_pos)
+        self.n_injected = start_pos + n_committed
+
+    def propose(self, history: list[int], n_past: int, k: int) -> list[int]:
+        k = min(k, self.max_draft)
+        if k <= 0:
+            return []
+        # always draft the full block: the drafter was trained on it and its cost barely depends on k
+        self.ctx.decode([history[-1]] + [self.mask] * self.max_draft, n_past, "all")
+        drafts = self.ctx.all_logits()[1 : k + 1].argmax(axis=1)
+        self.ctx.seq_rm(n_past)
+        return drafts.tolist()
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()

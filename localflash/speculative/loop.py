@@ -1,0 +1,161 @@
+"""The draft–verify loop.
+
+Each cycle: the drafter proposes up to k tokens; the target decodes
+``[last] + draft`` in one pass; row i is sampled (greedy or seeded) and the
+draft token i is kept only while it equals that sample; the first mismatch
+is replaced by the target's own sample (the bonus token). The target's and
+drafter's caches are then cut back to the committed positions. With k = 0
+this is plain decoding, so both paths share every line that decides output.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from ..errors import LocalflashError
+from ..llama import Context, Model
+from .adapt import DraftPolicy
+from .drafter import Drafter
+from .sampling import Sampler, SamplingParams
+from .stats import Stats
+
+
+class Engine:
+    """A target context plus an optional drafter; keeps the cache across requests."""
+
+    def __init__(self, target: Model, ctx: Context, drafter: Drafter | None = None, adaptive: bool = True, draft_max: int | None = None):
+        self.target = target
+        self.ctx = ctx
+        self.drafter = drafter or Drafter()
+        max_draft = self.drafter.max_draft if draft_max is None else min(draft_max, self.drafter.max_draft)
+        self.policy = DraftPolicy(max_draft, adaptive, self.drafter.cost_grows_with_length)
+        self.tokens: list[int] = []  # committed tokens in the target cache, positions 0..len-1
+        self.calibrated = False
+        self.drafting = True  # switched off by /draft off or a phase policy
+
+    def generate(self, prompt: list[int], max_tokens: int, sampling: SamplingParams | None = None, stats: Stats | None = None) -> Iterator[list[int]]:
+        """Yield the new tokens of each cycle; fill ``stats`` as it goes."""
+        st = stats if stats is not None else Stats()
+        st.drafter = self.drafter.name if self.policy.max_draft else "none"
+        sample = Sampler(sampling)
+        if not prompt:
+            raise LocalflashError("the prompt is empty")
+        if len(prompt) >= self.ctx.n_ctx:
+            raise LocalflashError(
+                f"the prompt has {len(prompt)} tokens but the context holds {self.ctx.n_ctx}",
+                hint="raise -c/--ctx or shorten the prompt",
+            )
+        t0 = time.perf_counter()
+        last = sample(self._prefill(prompt, st))
+        st.t_prefill = time.perf_counter() - t0
+        st.prompt_tokens = len(prompt)
+        history = list(prompt) + [last]
+        t_start = time.perf_counter()
+        try:
+            if self.target.is_eog(last):
+                st.stop = "eog"
+                return
+            st.generated = 1
+            yield [last]
+            if not self.calibrated and self.policy.adaptive and self.policy.max_draft:
+                self._calibrate()
+            while st.generated < max_tokens:
+                n_past = len(self.tokens)
+                room = self.ctx.n_ctx - n_past - 1
+                if room < 0:
+                    st.stop = "context"
+                    return
+                limit = min(room, max_tokens - st.generated - 1)
+                k = self.policy.choose(limit) if self.drafting else 0
+                td = time.perf_counter()
+                draft = self.drafter.propose(history, n_past, k) if k else []
+                t_draft = time.perf_counter() - td
+                tv = time.perf_counter()
+                self.ctx.decode([last] + draft, n_past, "all" if draft else "last")
+                new = []
+                for i in range(len(draft) + 1):
+                    tok = sample(self.ctx.logits(i if draft else -1))
+                    new.append(tok)
+                    if i == len(draft) or tok != draft[i] or self.target.is_eog(tok):
+                        break
+                t_verify = time.perf_counter() - tv
+                m = len(new) - 1  # drafts accepted
+                if m < len(draft):
+                    self.ctx.seq_rm(n_past + m + 1)
+                self.tokens += [last] + draft[:m]
+                td2 = time.perf_counter()
+                self.drafter.on_target_decode(self.ctx, n_past, m + 1)
+                t_draft += time.perf_counter() - td2
+                self.policy.record(len(draft), m, t_verify, t_draft)
+                st.record_cycle(len(draft), m, len(new))
+                st.t_target += t_verify
+                st.t_draft += t_draft
+                last = new[-1]
+                history += new
+                if self.target.is_eog(last):
+                    new.pop()
+                    st.stop = "eog"
+                new = new[: max_tokens - st.generated]
+                st.generated += len(new)
+                if new:
+                    yield new
+                if st.stop:
+                    return
+            st.stop = "length"
+        finally:
+            st.t_decode = time.perf_counter() - t_start
+            # ``last`` is never in the cache: the next request re-decodes it if its prompt continues here
+
+    def _prefill(self, prompt: list[int], st: Stats):
+        """Decode the part of ``prompt`` not already cached; return the last row's logits."""
+        keep = _common_prefix(self.tokens, prompt)
+        if keep == len(prompt):
+            keep -= 1  # at least one token must be decoded to get fresh logits
+        self.ctx.seq_rm(keep)
+        self.drafter.rollback(keep)
+        del self.tokens[keep:]
+        n_batch = self.ctx.n_batch
+        for off in range(keep, len(prompt), n_batch):
+            chunk = prompt[off : off + n_batch]
+            final = off + len(chunk) == len(prompt)
+            self.ctx.decode(chunk, off, "last" if final else "none")
+            self.tokens += chunk
+            self.drafter.on_target_decode(self.ctx, off, len(chunk))
+        return self.ctx.logits(-1)
+
+    def _calibrate(self) -> None:
+        """Time target passes of 1..max+1 tokens at the current position, then drop them."""
+        n_past = len(self.tokens)
+        sizes = sorted({1, 2, 3, 4, 6, 8, 12, 16, self.policy.max_draft + 1})
+        sizes = [s for s in sizes if s <= self.policy.max_draft + 1 and n_past + s < self.ctx.n_ctx]
+        filler = self.tokens[-1:] or [self.target.bos]
+        for size in sizes:
+            best = float("inf")
+            for _ in range(2):
+                t = time.perf_counter()
+                self.ctx.decode(filler * size, n_past, "all")
+                self.ctx.logits(0)
+                best = min(best, time.perf_counter() - t)
+                self.ctx.seq_rm(n_past)
+            self.policy.verify.add(size, best)
+        self.calibrated = True
+
+    def reset(self) -> None:
+        """Forget the cached conversation."""
+        self.ctx.seq_rm(0)
+        self.drafter.rollback(0)
+        self.tokens.clear()
+
+    def close(self) -> None:
+        self.drafter.close()
+        self.ctx.close()
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

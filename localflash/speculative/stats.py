@@ -1,0 +1,103 @@
+"""What a generation did: tokens, target passes, drafts, acceptance and where the time went."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Stats:
+    drafter: str = "none"
+    prompt_tokens: int = 0
+    generated: int = 0  # tokens emitted to the user
+    committed: int = 0  # tokens committed by decode cycles (bonus included)
+    cycles: int = 0  # target forward passes after prefill
+    drafted: int = 0
+    accepted: int = 0
+    accept_hist: list[int] = field(default_factory=list)  # [m] = cycles that accepted m drafts
+    pos_tries: list[int] = field(default_factory=list)  # [j] = drafts offered at block position j
+    pos_hits: list[int] = field(default_factory=list)
+    t_prefill: float = 0.0
+    t_decode: float = 0.0  # wall time of the decode phase
+    t_target: float = 0.0  # target verify/decode passes
+    t_draft: float = 0.0  # drafter proposals and feature injection
+    stop: str = ""  # eog | length | context
+
+    def record_cycle(self, n_drafted: int, n_accepted: int, n_committed: int) -> None:
+        self.cycles += 1
+        self.drafted += n_drafted
+        self.accepted += n_accepted
+        self.committed += n_committed
+        _bump(self.accept_hist, n_accepted)
+        for j in range(min(n_accepted + 1, n_drafted)):
+            _bump(self.pos_tries, j)
+            if j < n_accepted:
+                _bump(self.pos_hits, j)
+
+    @property
+    def tau(self) -> float:
+        """Mean committed tokens per target pass (bonus token included)."""
+        return self.committed / self.cycles if self.cycles else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.generated / self.t_decode if self.t_decode > 0 else 0.0
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prompt_tokens / self.t_prefill if self.t_prefill > 0 else 0.0
+
+    @property
+    def t_host(self) -> float:
+        return max(0.0, self.t_decode - self.t_target - self.t_draft)
+
+    @property
+    def position_acceptance(self) -> list[float]:
+        hits = self.pos_hits + [0] * (len(self.pos_tries) - len(self.pos_hits))
+        return [h / t if t else 0.0 for h, t in zip(hits, self.pos_tries)]
+
+    def merge(self, other: "Stats") -> None:
+        """Add another request's counts (cumulative session stats)."""
+        for name in ("prompt_tokens", "generated", "committed", "cycles", "drafted", "accepted"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("t_prefill", "t_decode", "t_target", "t_draft"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("accept_hist", "pos_tries", "pos_hits"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            for i, v in enumerate(theirs):
+                _bump(mine, i, v)
+        self.drafter = other.drafter
+        self.stop = other.stop
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            tau=self.tau,
+            acceptance=self.acceptance,
+            decode_tps=self.decode_tps,
+            prefill_tps=self.prefill_tps,
+            t_host=self.t_host,
+            host_ms_per_cycle=1000 * self.t_host / self.cycles if self.cycles else 0.0,
+            host_share=self.t_host / self.t_decode if self.t_decode > 0 else 0.0,
+            position_acceptance=self.position_acceptance,
+        )
+        return d
+
+    def summary(self) -> str:
+        line = (
+            f"prompt {self.prompt_tokens} tok @ {self.prefill_tps:.1f} tok/s | "
+            f"generated {self.generated} tok @ {self.decode_tps:.1f} tok/s"
+        )
+        if self.drafter != "none":
+            line += f" | {self.drafter}: τ {self.tau:.2f}, accepted {self.accepted}/{self.drafted} ({100 * self.acceptance:.0f}%)"
+        return line
+
+
+def _bump(counts: list[int], i: int, by: int = 1) -> None:
+    while len(counts) <= i:
+        counts.append(0)
+    counts[i] += by

@@ -1,0 +1,256 @@
+"""Tiny random-weight GGUF files for tests, benchmarks and device checks.
+
+Every file carries a real tokenizer (llama.cpp's SentencePiece vocab from the
+0.3.36 sdist, MIT) so text goes in and out as usual. Weights are deterministic
+by seed; a drafter made from the target's seed plus Gaussian ``noise`` agrees
+with the target more or less often (0 noise: always, 0.6: rarely).
+
+Architectures: ``llama`` and ``qwen3`` targets (both export layer inputs, so
+DFlash can tap them) and ``dflash`` drafters whose tensors and keys follow
+``src/models/dflash.cpp`` of the vendored llama.cpp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+MASK_TOKEN_ID = 31999  # a rare piece of the SPM vocab stands in for <|MASK|>
+_NOISE_SEED = 12345
+
+
+def vocab_path() -> Path:
+    return Path(str(resources.files("localflash") / "data" / "ggml-vocab-llama-spm.gguf"))
+
+
+@dataclass
+class TinySpec:
+    """Shape of a tiny decoder. ``arch`` is ``llama`` or ``qwen3``."""
+
+    arch: str = "llama"
+    n_embd: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+    n_head_kv: int = 4
+    n_ff: int | None = None
+    n_ctx_train: int = 4096
+    seed: int = 0
+    noise: float = 0.0
+    rename_tokens: bool = False  # write a vocab whose token strings differ (incompatible pair)
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def ff(self) -> int:
+        return self.n_ff or 4 * self.n_embd
+
+
+@dataclass
+class DFlashSpec:
+    """A tiny DFlash drafter for a target of width ``n_embd``.
+
+    ``target_layers`` are in llama.cpp's layer-input convention (HF id + 1).
+    ``swa_layers`` marks sliding-window layers (causal + window).
+    """
+
+    n_embd: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int | None = None
+    target_layers: list[int] = field(default_factory=lambda: [1, 2])
+    block_size: int = 16
+    mask_token_id: int = MASK_TOKEN_ID
+    rope_theta: float = 10000.0
+    swa_window: int = 0
+    swa_layers: list[bool] | None = None
+    seed: int = 1
+    n_ctx_train: int = 4096
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def ff(self) -> int:
+        return self.n_ff or 4 * self.n_embd
+
+
+def copy_tokenizer(writer: GGUFWriter, source: str | Path, rename_tokens: bool = False) -> int:
+    """Copy every ``tokenizer.*`` key of ``source`` into ``writer``; return the vocab size."""
+    reader = GGUFReader(str(source))
+    n_vocab = 0
+    for name, fld in reader.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        kind = fld.types[0]
+        value = fld.contents()
+        if name == "tokenizer.ggml.tokens":
+            n_vocab = len(value)
+            if rename_tokens:
+                value = [t if i < 3 else f"{t}~" for i, t in enumerate(value)]
+        if kind == GGUFValueType.ARRAY:
+            writer.add_array(name, value)
+        elif kind == GGUFValueType.STRING:
+            writer.add_string(name, value)
+        elif kind == GGUFValueType.BOOL:
+            writer.add_bool(name, value)
+        elif kind == GGUFValueType.UINT32:
+            writer.add_uint32(name, value)
+        elif kind == GGUFValueType.INT32:
+            writer.add_int32(name, value)
+        elif kind == GGUFValueType.FLOAT32:
+            writer.add_float32(name, value)
+        else:
+            raise ValueError(f"unsupported tokenizer field type {kind} for {name}")
+    return n_vocab
+
+
+class _Weights:
+    """Deterministic weights: base from ``seed``, plus ``noise`` from a fixed stream."""
+
+    def __init__(self, seed: int, noise: float):
+        self.rng = np.random.default_rng(seed)
+        self.nrng = np.random.default_rng(_NOISE_SEED)
+        self.noise = noise
+
+    def __call__(self, shape: tuple[int, ...], scale: float) -> np.ndarray:
+        w = self.rng.standard_normal(shape, dtype=np.float32)
+        if self.noise:
+            w = w + self.noise * self.nrng.standard_normal(shape, dtype=np.float32)
+        return (w * scale).astype(np.float32)
+
+
+def write_target(path: str | Path, spec: TinySpec | None = None, **kw) -> Path:
+    """Write a tiny ``llama`` or ``qwen3`` model with random F32 weights."""
+    spec = spec or TinySpec(**kw)
+    path = Path(path)
+    arch = spec.arch
+    w = GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}-{spec.n_embd}x{spec.n_layer}-s{spec.seed}")
+    n_vocab = copy_tokenizer(w, vocab_path(), spec.rename_tokens)
+    w.add_string("tokenizer.chat_template", CHATML_TEMPLATE)
+    w.add_context_length(spec.n_ctx_train)
+    w.add_embedding_length(spec.n_embd)
+    w.add_block_count(spec.n_layer)
+    w.add_feed_forward_length(spec.ff)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_head_kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(0)  # ALL_F32
+    if arch == "llama":
+        w.add_rope_dimension_count(spec.head_dim)
+    elif arch == "qwen3":
+        w.add_key_length(spec.head_dim)
+        w.add_value_length(spec.head_dim)
+        w.add_rope_freq_base(1e6)
+    else:
+        raise ValueError(f"tiny targets are llama or qwen3, not {arch}")
+
+    rand = _Weights(spec.seed, spec.noise)
+    d, hd = spec.n_embd, spec.head_dim
+    w.add_tensor("token_embd.weight", rand((n_vocab, d), 1.0))
+    w.add_tensor("output_norm.weight", np.ones(d, np.float32))
+    w.add_tensor("output.weight", rand((n_vocab, d), 0.5))
+    for i in range(spec.n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(d, np.float32))
+        w.add_tensor(f"blk.{i}.attn_q.weight", rand((spec.n_head * hd, d), 0.02))
+        w.add_tensor(f"blk.{i}.attn_k.weight", rand((spec.n_head_kv * hd, d), 0.02))
+        w.add_tensor(f"blk.{i}.attn_v.weight", rand((spec.n_head_kv * hd, d), 0.02))
+        w.add_tensor(f"blk.{i}.attn_output.weight", rand((d, spec.n_head * hd), 0.02))
+        if arch == "qwen3":
+            w.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(hd, np.float32))
+            w.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(hd, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(d, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", rand((spec.ff, d), 0.02))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", rand((spec.ff, d), 0.02))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", rand((d, spec.ff), 0.02))
+    _finish(w)
+    return path
+
+
+def dflash_tensors(spec: DFlashSpec) -> dict[str, np.ndarray]:
+    """Random DFlash drafter weights under their GGUF names (NumPy shapes, row-major)."""
+    rand = _Weights(spec.seed, 0.0)
+    d, hd = spec.n_embd, spec.head_dim
+    n_feat = len(spec.target_layers) * d
+    t: dict[str, np.ndarray] = {
+        "fc.weight": rand((d, n_feat), 1.0 / np.sqrt(n_feat)),
+        "enc.output_norm.weight": np.ones(d, np.float32),
+        "output_norm.weight": np.ones(d, np.float32),
+    }
+    for i in range(spec.n_layer):
+        t[f"blk.{i}.attn_norm.weight"] = np.ones(d, np.float32)
+        t[f"blk.{i}.attn_q.weight"] = rand((spec.n_head * hd, d), 0.1)
+        t[f"blk.{i}.attn_k.weight"] = rand((spec.n_head_kv * hd, d), 0.1)
+        t[f"blk.{i}.attn_v.weight"] = rand((spec.n_head_kv * hd, d), 0.1)
+        t[f"blk.{i}.attn_output.weight"] = rand((d, spec.n_head * hd), 0.1)
+        t[f"blk.{i}.attn_q_norm.weight"] = np.ones(hd, np.float32)
+        t[f"blk.{i}.attn_k_norm.weight"] = np.ones(hd, np.float32)
+        t[f"blk.{i}.ffn_norm.weight"] = np.ones(d, np.float32)
+        t[f"blk.{i}.ffn_gate.weight"] = rand((spec.ff, d), 0.1)
+        t[f"blk.{i}.ffn_up.weight"] = rand((spec.ff, d), 0.1)
+        t[f"blk.{i}.ffn_down.weight"] = rand((d, spec.ff), 0.1)
+    return t
+
+
+def write_dflash_gguf(
+    path: str | Path,
+    spec: DFlashSpec,
+    tensors: dict[str, np.ndarray],
+    tokenizer_from: str | Path | None = None,
+) -> Path:
+    """Write a ``dflash`` GGUF with the keys llama.cpp's loader reads."""
+    path = Path(path)
+    w = GGUFWriter(str(path), "dflash")
+    w.add_name(f"dflash-{spec.n_embd}x{spec.n_layer}")
+    copy_tokenizer(w, tokenizer_from or vocab_path())
+    w.add_uint32("tokenizer.ggml.mask_token_id", spec.mask_token_id)
+    w.add_context_length(spec.n_ctx_train)
+    w.add_embedding_length(spec.n_embd)
+    w.add_block_count(spec.n_layer)
+    w.add_feed_forward_length(spec.ff)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_head_kv)
+    w.add_key_length(spec.head_dim)
+    w.add_value_length(spec.head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(spec.rope_theta)
+    w.add_array("dflash.target_layers", [int(x) for x in spec.target_layers])
+    w.add_uint32("dflash.block_size", spec.block_size)
+    if spec.swa_window:
+        w.add_sliding_window(spec.swa_window)
+        pattern = spec.swa_layers or [True] * spec.n_layer
+        w.add_array("dflash.attention.sliding_window_pattern", [bool(x) for x in pattern])
+    w.add_file_type(0)
+    for name, arr in tensors.items():
+        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+    _finish(w)
+    return path
+
+
+def write_dflash(path: str | Path, spec: DFlashSpec | None = None, **kw) -> Path:
+    """Write a tiny random DFlash drafter (borrows the target's embedding and head)."""
+    spec = spec or DFlashSpec(**kw)
+    return write_dflash_gguf(path, spec, dflash_tensors(spec))
+
+
+def _finish(w: GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
