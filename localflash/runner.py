@@ -1,0 +1,131 @@
+"""From what the user asked (a pair, or target/drafter files and flags) to a ready Engine.
+
+``run``, ``chat`` and ``bench`` all load through :func:`open_engine`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .errors import LocalflashError
+from .registry import Pair, get_pair
+
+SPECS = ("auto", "none", "dflash", "draft", "ngram")
+
+
+@dataclass
+class RunConfig:
+    target: Path
+    drafter: Path | None = None
+    spec: str = "auto"  # auto = the pair's drafter kind, or guessed from the drafter file
+    draft_max: int | None = None
+    adaptive: bool = True
+    ctx: int = 4096
+    kv: str = "f16"
+    n_gpu_layers: int = -1
+    threads: int = 0
+    p_min: float = 0.0
+    derive: str | None = None  # requantize the target into this type to make the drafter
+    pair: str | None = None
+
+
+def config_from(pair: str | None, target: str | None, drafter: str | None, **flags) -> RunConfig:
+    """Merge a models.toml pair with explicit flags (flags win when given)."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    if pair:
+        p: Pair = get_pair(pair)
+        cfg = RunConfig(
+            target=p.target,
+            drafter=p.drafter,
+            spec=p.kind if p.kind != "none" else "none",
+            draft_max=p.draft_max,
+            ctx=p.ctx,
+            derive=p.derive,
+            pair=p.name,
+        )
+        if given.get("spec") == "auto":
+            given.pop("spec")
+    elif target:
+        cfg = RunConfig(target=Path(target))
+    else:
+        raise LocalflashError("name a model", hint="use --pair NAME (see `localflash models`) or --model FILE.gguf")
+    if target and pair:
+        cfg.target = Path(target)
+    if drafter:
+        cfg.drafter = Path(drafter)
+        cfg.derive = None
+    cfg = replace(cfg, **given)
+    if cfg.spec not in SPECS:
+        raise LocalflashError(f"unknown --spec {cfg.spec!r}", hint=f"use one of {', '.join(SPECS)}")
+    if cfg.draft_max is not None and not 0 <= cfg.draft_max <= 64:
+        raise LocalflashError(f"--draft-max must be in 0..64, got {cfg.draft_max}")
+    if cfg.ctx < 16:
+        raise LocalflashError(f"-c/--ctx must be at least 16, got {cfg.ctx}")
+    return cfg
+
+
+def drafter_kind(cfg: RunConfig, drafter_arch: str | None) -> str:
+    if cfg.spec != "auto":
+        return cfg.spec
+    if cfg.drafter is None and cfg.derive is None:
+        return "ngram"
+    return "dflash" if drafter_arch == "dflash" else "draft"
+
+
+def ensure_drafter_file(cfg: RunConfig) -> Path | None:
+    """The drafter path, deriving it (a requantized target) on first use."""
+    if cfg.derive and cfg.drafter is not None and not cfg.drafter.exists():
+        from .llama.quantize import quantize
+
+        quantize(cfg.target, cfg.drafter, cfg.derive)
+    return cfg.drafter
+
+
+def open_engine(cfg: RunConfig):
+    """Load target and drafter and return an Engine (caller closes it)."""
+    from .llama import Context, ContextOptions, Model, ModelOptions
+    from .speculative.dflash import DFlashDrafter
+    from .speculative.draft_model import DraftModelDrafter
+    from .speculative.drafter import NgramDrafter
+    from .speculative.loop import Engine
+
+    target = Model(cfg.target, ModelOptions(n_gpu_layers=cfg.n_gpu_layers))
+    drafter_model = None
+    kind = cfg.spec
+    if kind in ("auto", "dflash", "draft") and (cfg.drafter is not None or cfg.derive):
+        path = ensure_drafter_file(cfg)
+        drafter_model = Model(path, ModelOptions(n_gpu_layers=cfg.n_gpu_layers))
+    kind = drafter_kind(cfg, drafter_model.arch if drafter_model else None)
+    if kind in ("dflash", "draft") and drafter_model is None:
+        raise LocalflashError(f"--spec {kind} needs a drafter file", hint="pass --drafter PATH or use a pair")
+    max_draft = {"dflash": 15, "draft": 8, "ngram": 8, "none": 0}[kind]
+    if cfg.draft_max is not None:
+        max_draft = min(max_draft, cfg.draft_max) if kind == "dflash" else cfg.draft_max
+    n_rs = max_draft + 1 if target.arch in RECURRENT_ARCHS else 0
+    ctx = Context(
+        target,
+        ContextOptions(
+            n_ctx=cfg.ctx,
+            n_outputs_max=max(max_draft + 1, 1),
+            n_threads=cfg.threads,
+            type_k=cfg.kv,
+            type_v=cfg.kv,
+            n_rs_seq=n_rs,
+        ),
+    )
+    if kind == "dflash":
+        drafter = DFlashDrafter(drafter_model, target, ctx, cfg.ctx + 16, n_threads=cfg.threads)
+    elif kind == "draft":
+        drafter = DraftModelDrafter(drafter_model, target, cfg.ctx, max_draft, cfg.p_min, n_threads=cfg.threads)
+    elif kind == "ngram":
+        drafter = NgramDrafter(max_draft)
+    else:
+        drafter = None
+    if drafter is not None and drafter_model is not None and kind == "ngram":
+        drafter_model.close()
+    return Engine(target, ctx, drafter, adaptive=cfg.adaptive, draft_max=max_draft)
+
+
+# hybrid/recurrent architectures: partial rollback needs n_rs_seq >= the draft length
+RECURRENT_ARCHS = {"qwen35", "qwen35moe", "qwen3next", "nemotron_h", "lfm2", "lfm2moe", "falcon-h1", "granitehybrid", "jamba", "mamba", "mamba2", "rwkv6", "rwkv7"}
