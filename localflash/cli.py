@@ -104,10 +104,327 @@ def run(
         engine.close()
 
 
+@app.command()
+def chat(
+    pair: Optional[str] = typer.Option(None, "--pair", "-p", help="A pair from models.toml."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Target GGUF file."),
+    drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter GGUF (DFlash or a small model)."),
+    spec: str = typer.Option("auto", "--spec", help="auto | none | dflash | draft | ngram."),
+    draft: str = typer.Option("auto", "--draft", help="on | off | auto (per phase, where drafting pays)."),
+    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per cycle."),
+    fixed: bool = typer.Option(False, "--fixed", help="Always draft --draft-max tokens (no adaptive length)."),
+    max_tokens: int = typer.Option(1024, "--max-tokens", "-n", help="Longest reply in tokens."),
+    ctx: Optional[int] = typer.Option(None, "--ctx", "-c", help="Context size in tokens."),
+    temp: float = typer.Option(0.8, "--temp", help="Temperature; 0 is greedy."),
+    top_k: int = typer.Option(40, "--top-k"),
+    top_p: float = typer.Option(0.95, "--top-p"),
+    min_p: float = typer.Option(0.05, "--min-p"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    system: Optional[str] = typer.Option(None, "--system", "-s", help="System prompt."),
+    think: Optional[bool] = typer.Option(None, "--think/--no-think", help="Thinking on/off (templates that have the switch)."),
+    threads: int = typer.Option(0, "--threads", "-t", help="CPU threads (0: automatic)."),
+    n_gpu_layers: int = typer.Option(-1, "--n-gpu-layers", "-ngl", help="Target layers on the GPU (-1: all)."),
+    kv: Optional[str] = typer.Option(None, "--kv", help="KV cache type: f16, q8_0, q4_0."),
+    plain: bool = typer.Option(False, "--plain", help="No live status line, even on a terminal."),
+):
+    """Chat with a model: streamed replies, live tok/s and acceptance, slash commands (/help)."""
+    from .bench import load_verdict, pair_key, rig_info
+    from .chat import ChatSession, LiveUI, PlainUI
+    from .runner import config_from, open_engine
+
+    if max_tokens < 1:
+        fail(f"--max-tokens must be at least 1, got {max_tokens}")
+    if draft not in ("on", "off", "auto"):
+        fail(f"--draft must be on, off or auto, got {draft!r}")
+    sampling = sampling_from(temp, top_k, top_p, min_p, seed)
+    cfg = config_from(
+        pair, model, drafter, spec=spec, draft_max=draft_max, ctx=ctx, threads=threads,
+        n_gpu_layers=n_gpu_layers, kv=kv, adaptive=not fixed,
+    )
+    engine = open_engine(cfg)
+    try:
+        verdict = None
+        if draft == "auto" and engine.policy.max_draft:
+            found = load_verdict(rig_info(cfg.n_gpu_layers)["name"], pair_key(cfg.target, cfg.drafter))
+            verdict = (found or {}).get("modes", {}).get(engine.drafter.name)
+        live = not plain and sys.stdin.isatty() and sys.stdout.isatty()
+        session = ChatSession(
+            engine, LiveUI() if live else PlainUI(), sampling, max_tokens=max_tokens, system=system,
+            thinking=think, draft_mode=draft, verdict=verdict,
+            info={"pair": cfg.pair, "target": str(cfg.target), "drafter": str(cfg.drafter) if cfg.drafter else None},
+        )
+        session.loop()
+    finally:
+        engine.close()
+
+
+@app.command()
+def bench(
+    pair: Optional[str] = typer.Option(None, "--pair", "-p", help="A pair from models.toml."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Target GGUF file."),
+    drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter GGUF (DFlash or a small model)."),
+    modes: Optional[str] = typer.Option(None, "--modes", help="Comma list of none, ngram, draft, dflash, or 'all' (default: plain + the pair's kind)."),
+    prompts: str = typer.Option("spec_bench", "--prompts", help="spec_bench | humaneval | FILE.jsonl."),
+    limit: int = typer.Option(3, "--limit", help="Prompts per category (0: all)."),
+    max_tokens: int = typer.Option(128, "--max-tokens", "-n", help="Tokens generated per prompt."),
+    ctx: Optional[int] = typer.Option(None, "--ctx", "-c", help="Context size (default: what the longest prompt needs)."),
+    temp: float = typer.Option(0.0, "--temp", help="Temperature; 0 is greedy."),
+    top_k: int = typer.Option(40, "--top-k"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    min_p: float = typer.Option(0.0, "--min-p"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per cycle."),
+    fixed: bool = typer.Option(False, "--fixed", help="Always draft --draft-max tokens (no adaptive length)."),
+    raw: bool = typer.Option(False, "--raw", help="Send prompts as is, without the chat template."),
+    threads: int = typer.Option(0, "--threads", "-t", help="CPU threads (0: automatic)."),
+    n_gpu_layers: int = typer.Option(-1, "--n-gpu-layers", "-ngl", help="Target layers on the GPU (-1: all)."),
+    kv: Optional[str] = typer.Option(None, "--kv", help="KV cache type: f16, q8_0, q4_0."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the full report as JSON to this file (- for stdout)."),
+    watts: Optional[float] = typer.Option(None, "--watts", help="Power draw while decoding, for energy per million tokens."),
+    price_kwh: Optional[float] = typer.Option(None, "--price-kwh", help="Electricity price per kWh (needs --watts)."),
+    save: bool = typer.Option(True, "--save/--no-save", help="Save the verdict for this rig and pair (used by chat --draft auto)."),
+):
+    """Plain vs speculative decoding on the same prompts, interleaved; table, histogram, verdict."""
+    import json
+
+    from rich.console import Console
+
+    from .bench import check_modes, load_prompts, print_report, run_bench, save_verdict
+    from .runner import config_from
+
+    if max_tokens < 1:
+        fail(f"--max-tokens must be at least 1, got {max_tokens}")
+    if limit < 0:
+        fail(f"--limit must be 0 (all) or more, got {limit}")
+    if watts is not None and watts <= 0:
+        fail(f"--watts must be positive, got {watts:g}")
+    if price_kwh is not None and (watts is None or price_kwh < 0):
+        fail("--price-kwh needs --watts and a price of 0 or more", hint="e.g. --watts 350 --price-kwh 0.30")
+    sampling = sampling_from(temp, top_k, top_p, min_p, seed)
+    cfg = config_from(
+        pair, model, drafter, spec="auto", draft_max=draft_max, ctx=ctx, threads=threads,
+        n_gpu_layers=n_gpu_layers, kv=kv, adaptive=not fixed,
+    )
+    if modes is None or modes.strip().lower() == "all":
+        kind = cfg.spec
+        if kind == "auto":
+            kind = "ngram"
+            if cfg.drafter is not None and cfg.drafter.exists():
+                from .llama import Model, ModelOptions
+
+                probe = Model(cfg.drafter, ModelOptions(n_gpu_layers=0))
+                kind = "dflash" if probe.arch == "dflash" else "draft"
+                probe.close()
+            elif cfg.derive:
+                kind = "draft"
+        wanted = [kind] if modes is None else ["ngram", kind]
+    else:
+        wanted = modes.split(",")
+    mode_list = check_modes(wanted, cfg)
+    set_name, plist = load_prompts(prompts, limit or None)
+    to_stdout = json_out == "-"
+    out = Console(stderr=to_stdout, highlight=False)
+    err = Console(stderr=True)
+    report = run_bench(
+        cfg, mode_list, set_name, plist, max_tokens, sampling, raw=raw, ctx_given=ctx is not None,
+        watts=watts, price=price_kwh, console=err,
+    )
+    print_report(report, out)
+    if save and len(mode_list) > 1:
+        path = save_verdict(report["verdict"])
+        out.print(f"[dim]verdict saved to {path}[/]")
+    if json_out:
+        text = json.dumps(report, indent=1)
+        if to_stdout:
+            sys.stdout.write(text + "\n")
+        else:
+            with open(json_out, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+
+
+@app.command("plan")
+def plan(
+    pair: Optional[str] = typer.Option(None, "--pair", "-p", help="A pair from models.toml."),
+    target: Optional[str] = typer.Option(None, "--target", "-m", help="Target GGUF file."),
+    drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter GGUF (DFlash or a small model)."),
+    vram: Optional[str] = typer.Option(None, "--vram", help="Plan for one card of this size, e.g. 24GiB."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="Cards by index (0,1) or by size (24GiB,24GiB)."),
+    ctx: Optional[int] = typer.Option(None, "--ctx", "-c", help="Context wish in tokens (0: the largest that fits)."),
+    kv: Optional[str] = typer.Option(None, "--kv", help="KV cache type: f16, q8_0, q4_0 (default: the best that fits)."),
+    split: str = typer.Option("layer", "--split", help="layer | tensor (experimental) for several cards."),
+    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per cycle."),
+    margin: str = typer.Option("512MiB", "--margin", help="Memory left free on every card."),
+    json_out: bool = typer.Option(False, "--json", help="Print the plan and the runtime settings as JSON."),
+):
+    """Price target + drafter on your GPUs before loading: per-card table, settings, and what changed to fit."""
+    from .plan_cli import plan_command
+
+    plan_command(pair, target, drafter, vram, gpus, ctx, kv, split, draft_max, margin, json_out)
+
+
+models_app = typer.Typer(
+    invoke_without_command=True, no_args_is_help=False,
+    help="List the pairs of models.toml with file presence and size; `models check NAME` validates one.",
+)
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback()
+def models(
+    ctx: typer.Context,
+    json_out: bool = typer.Option(False, "--json", help="Print the list as JSON."),
+    paths: bool = typer.Option(False, "--paths", help="Show full file paths."),
+):
+    """List the pairs of models.toml (shipped + user file) with file presence and size."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from .bench import _cpu_name, all_verdicts, pair_key
+    from .models_cmd import list_rows
+    from .registry import config_dir, load_pairs
+    from .render import fmt_bytes
+
+    pairs = load_pairs()
+    rows = list_rows(pairs)
+    cpu = _cpu_name()
+    verdicts = {}
+    for v in sorted(all_verdicts(), key=lambda v: v.get("date", "")):
+        if v.get("rig_info", {}).get("cpu") == cpu:
+            verdicts[v.get("pair_key")] = v
+    for r, p in zip(rows, pairs.values()):
+        v = verdicts.get(pair_key(p.target, p.drafter))
+        r["verdict"] = v["text"] if v else None
+    if json_out:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    console = Console(highlight=False)
+
+    def cell(f: dict, derive: str | None) -> Text:
+        if f["path"] is None:
+            return Text("-", style="dim")
+        name = f["path"] if paths else Path(f["path"]).name
+        if f["exists"]:
+            return Text.assemble(name, "\n", ("✓ ", "green"), (fmt_bytes(f["size"]), "dim"))
+        if derive:
+            return Text.assemble(name, "\n", ("○ ", "yellow"), (f"made from the target ({derive}) on first use", "dim"))
+        return Text.assemble(name, "\n", ("✗ missing", "red"))
+
+    t = Table(header_style="bold")
+    for col in ("pair", "kind", "target", "drafter", "ctx", "draft"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        t.add_row(r["name"], r["kind"], cell(r["target_file"], None), cell(r["drafter_file"], r["derive"]), str(r["ctx"]), str(r["draft_max"]))
+    console.print(t)
+    for r in rows:
+        if r["notes"] or r["verdict"]:
+            console.print(Text.assemble((f"{r['name']}: ", "bold"), r["notes"], (f" · bench here: {r['verdict']}" if r["verdict"] else "", "green")))
+    user = config_dir() / "models.toml"
+    console.print(f"[dim]user pairs: {user}{'' if user.exists() else ' (none yet)'}; validate one with `localflash models check NAME`[/]")
+
+
+@models_app.command("check")
+def models_check(
+    name: str = typer.Argument(..., help="A pair name from `localflash models`."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+):
+    """Load a pair's metadata and validate it: files, arch, vocabulary, layer ids, fused width."""
+    import json
+
+    from rich.console import Console
+    from rich.text import Text
+
+    from .models_cmd import check_pair
+    from .registry import get_pair
+    from .render import check_table
+
+    p = get_pair(name)
+    rows, ok = check_pair(p)
+    if json_out:
+        typer.echo(json.dumps({"pair": name, "ok": ok, "checks": [{"what": w, "ok": g, "detail": d} for w, g, d in rows]}, indent=1))
+    else:
+        console = Console(highlight=False)
+        console.print(check_table(rows))
+        console.print(Text(f"{name}: ok" if ok else f"{name}: not usable as configured", style="bold green" if ok else "bold red"))
+    if not ok:
+        bad = next(d for w, g, d in rows if g is False)
+        fail(f"pair {name!r} failed its check: {bad}", hint="fix the pair in models.toml (see `localflash models --paths`)")
+
+
+@app.command("convert-drafter")
+def convert_drafter(
+    src: str = typer.Argument(..., help="HF drafter folder (config.json + *.safetensors); a dflash GGUF with --to-hf."),
+    out: str = typer.Argument(..., help="Output GGUF file (a folder with --to-hf)."),
+    target: Optional[str] = typer.Option(None, "--target", "-m", help="Target GGUF: its tokenizer is copied, its shape checked."),
+    quant: str = typer.Option("Q4_K_M", "--quant", help="Q4_K_M | Q8_0 | F16 | F32."),
+    to_hf: bool = typer.Option(False, "--to-hf", help="Reverse: a dflash GGUF to an HF checkpoint (for vLLM/SGLang)."),
+    dtype: str = typer.Option("bf16", "--dtype", help="HF weight type with --to-hf: bf16 | f16 | f32."),
+):
+    """Convert a DFlash drafter (z-lab HF checkpoint) to a quantized GGUF for llama.cpp, or back with --to-hf."""
+    from .convert import convert_command
+
+    convert_command(src, out, target, quant, to_hf, dtype)
+
+
+@app.command("train-drafter")
+def train_drafter(
+    target: str = typer.Option(..., "--target", "-m", help="Target GGUF the drafter will serve."),
+    prompts: list[str] = typer.Option(..., "--prompts", help="Prompt file(s): JSONL (prompt/question/... or turns) or text."),
+    out: str = typer.Option(..., "--out", "-o", help="Drafter GGUF to write."),
+    work_dir: Optional[str] = typer.Option(None, "--work-dir", help="Data, checkpoints and report (default: the user cache)."),
+    thinking: bool = typer.Option(False, "--thinking/--no-thinking", help="Let the target think while making the data."),
+    max_prompts: int = typer.Option(0, "--max-prompts", help="Use only the first N prompts (0: all)."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="Longest target response."),
+    holdout_every: int = typer.Option(40, "--holdout-every", help="Every N-th prompt is held out for the τ check."),
+    layers: int = typer.Option(5, "--layers", help="Draft layers."),
+    taps: int = typer.Option(5, "--taps", help="Target layers fused (spread like z-lab's)."),
+    block_size: int = typer.Option(16, "--block-size", help="Block size B (drafts B-1 tokens per forward)."),
+    draft_vocab: int = typer.Option(0, "--draft-vocab", help="Reduced draft vocabulary with its own head (0: the target's)."),
+    mask_token: int = typer.Option(-1, "--mask-token", help="Mask token id (-1: the target's, else an unused control token)."),
+    epochs: float = typer.Option(3.0, "--epochs"),
+    steps: int = typer.Option(0, "--steps", help="Training steps (overrides --epochs)."),
+    anchors: int = typer.Option(64, "--anchors", help="Random anchors (blocks) per sequence per step."),
+    batch: int = typer.Option(4, "--batch", help="Sequences per step."),
+    lr: float = typer.Option(6e-4, "--lr"),
+    gamma: float = typer.Option(0.0, "--gamma", help="Loss decay γ (0: 7 for B=16, 5 for 10, 4 for 8)."),
+    seed: int = typer.Option(0, "--seed"),
+    quant: str = typer.Option("Q8_0", "--quant", help="Q4_K_M | Q8_0 | F16 | F32."),
+    hf_out: Optional[str] = typer.Option(None, "--hf-out", help="Also write an HF checkpoint to this folder."),
+    workers: int = typer.Option(1, "--workers", help="Parallel processes generating the data."),
+    threads: int = typer.Option(0, "--threads", "-t", help="llama.cpp threads per process (0: automatic)."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda for training."),
+    eval_tokens: int = typer.Option(128, "--eval-tokens", help="Tokens per held-out prompt in the τ check."),
+    fresh: bool = typer.Option(False, "--fresh", help="Restart training (keeps the generated data)."),
+):
+    """Train a DFlash drafter for TARGET: its own responses and features, random anchors, weighted CE, GGUF export, τ."""
+    from pathlib import Path
+
+    from .train.pipeline import PipelineConfig, run as run_pipeline
+    from .train.trainer import TrainConfig
+
+    cfg = PipelineConfig(
+        target=Path(target).expanduser(), prompts=[Path(p).expanduser() for p in prompts], out=Path(out).expanduser(),
+        work_dir=Path(work_dir).expanduser() if work_dir else None, thinking=thinking, max_prompts=max_prompts,
+        max_new_tokens=max_new_tokens, holdout_every=holdout_every, workers=workers, threads=threads, layers=layers,
+        taps=taps, block_size=block_size, draft_vocab=draft_vocab, mask_token=mask_token, quant=quant,
+        hf_out=Path(hf_out).expanduser() if hf_out else None, eval_tokens=eval_tokens, fresh=fresh,
+        train=TrainConfig(anchors=anchors, batch=batch, epochs=epochs, steps=steps, lr=lr, gamma=gamma, seed=seed, device=device),
+    )
+    report = run_pipeline(cfg)
+    typer.echo(report["drafter"])
+
+
 def main() -> None:
     """Console entry point: user errors become one line and a non-zero exit."""
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)  # click returns typer.Exit's code here instead of exiting
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
     except LocalflashError as e:
         if _state["verbose"]:
             traceback.print_exc()
@@ -124,9 +441,8 @@ def main() -> None:
         typer.echo("\ninterrupted", err=True)
         sys.exit(130)
     except Exception as e:  # click usage errors and the like
-        import click
-
-        if isinstance(e, click.ClickException):
+        # typer ships its own copy of click (typer._click), so match by shape, not by class
+        if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
             e.show()
             sys.exit(e.exit_code)
         if _state["verbose"]:

@@ -28,6 +28,8 @@ class RunConfig:
     p_min: float = 0.0
     derive: str | None = None  # requantize the target into this type to make the drafter
     pair: str | None = None
+    vram: str | None = None  # budget override, e.g. "24GiB" (default: detected)
+    gpus: str | None = None  # "0,1" or "24GiB,24GiB"
 
 
 def config_from(pair: str | None, target: str | None, drafter: str | None, **flags) -> RunConfig:
@@ -82,49 +84,92 @@ def ensure_drafter_file(cfg: RunConfig) -> Path | None:
     return cfg.drafter
 
 
-def open_engine(cfg: RunConfig):
-    """Load target and drafter and return an Engine (caller closes it)."""
+def open_engine(cfg: RunConfig, target=None):
+    """Load target and drafter and return an Engine (caller closes it).
+
+    ``target``: an already loaded target Model to share (``bench`` runs one context per mode on it).
+    """
     from .llama import Context, ContextOptions, Model, ModelOptions
     from .speculative.dflash import DFlashDrafter
     from .speculative.draft_model import DraftModelDrafter
     from .speculative.drafter import NgramDrafter
     from .speculative.loop import Engine
+    from .plan import runtime_kwargs
 
-    target = Model(cfg.target, ModelOptions(n_gpu_layers=cfg.n_gpu_layers))
-    drafter_model = None
-    kind = cfg.spec
-    if kind in ("auto", "dflash", "draft") and (cfg.drafter is not None or cfg.derive):
-        path = ensure_drafter_file(cfg)
-        drafter_model = Model(path, ModelOptions(n_gpu_layers=cfg.n_gpu_layers))
-    kind = drafter_kind(cfg, drafter_model.arch if drafter_model else None)
-    if kind in ("dflash", "draft") and drafter_model is None:
+    drafter_path = ensure_drafter_file(cfg) if cfg.spec in ("auto", "dflash", "draft") else None
+    kind = drafter_kind(cfg, _arch_of(drafter_path))
+    if kind in ("dflash", "draft") and drafter_path is None:
         raise LocalflashError(f"--spec {kind} needs a drafter file", hint="pass --drafter PATH or use a pair")
     max_draft = {"dflash": 15, "draft": 8, "ngram": 8, "none": 0}[kind]
     if cfg.draft_max is not None:
         max_draft = min(max_draft, cfg.draft_max) if kind == "dflash" else cfg.draft_max
+    plan = plan_for(cfg, drafter_path if kind in ("dflash", "draft") else None, max_draft)
+    kw = runtime_kwargs(plan)
+    if target is None:
+        n_gpu_layers = kw["n_gpu_layers"] if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
+        target = Model(
+            cfg.target,
+            ModelOptions(
+                n_gpu_layers=n_gpu_layers,
+                split_mode=kw["split_mode"],
+                main_gpu=kw["main_gpu"],
+                tensor_split=kw["tensor_split"],
+                tensor_overrides=kw["tensor_buft_overrides"] or None,
+            ),
+        )
+    drafter_model = None
+    if kind in ("dflash", "draft"):
+        d = kw["drafter"] or {}
+        drafter_model = Model(drafter_path, ModelOptions(n_gpu_layers=d.get("n_gpu_layers", -1), split_mode=0, main_gpu=d.get("main_gpu", 0)))
     n_rs = max_draft + 1 if target.arch in RECURRENT_ARCHS else 0
     ctx = Context(
         target,
         ContextOptions(
-            n_ctx=cfg.ctx,
+            n_ctx=plan.n_ctx,
+            n_batch=plan.n_batch,
+            n_ubatch=plan.n_ubatch,
             n_outputs_max=max(max_draft + 1, 1),
             n_threads=cfg.threads,
-            type_k=cfg.kv,
-            type_v=cfg.kv,
+            type_k=plan.type_k,
+            type_v=plan.type_v,
             n_rs_seq=n_rs,
         ),
     )
+    drafter_ctx = min(plan.drafter_n_ctx or plan.n_ctx, plan.n_ctx)
     if kind == "dflash":
-        drafter = DFlashDrafter(drafter_model, target, ctx, cfg.ctx + 16, n_threads=cfg.threads)
+        drafter = DFlashDrafter(drafter_model, target, ctx, drafter_ctx + 16, n_threads=cfg.threads)
     elif kind == "draft":
-        drafter = DraftModelDrafter(drafter_model, target, cfg.ctx, max_draft, cfg.p_min, n_threads=cfg.threads)
+        drafter = DraftModelDrafter(drafter_model, target, drafter_ctx, max_draft, cfg.p_min, n_threads=cfg.threads)
     elif kind == "ngram":
         drafter = NgramDrafter(max_draft)
     else:
         drafter = None
-    if drafter is not None and drafter_model is not None and kind == "ngram":
-        drafter_model.close()
-    return Engine(target, ctx, drafter, adaptive=cfg.adaptive, draft_max=max_draft)
+    engine = Engine(target, ctx, drafter, adaptive=cfg.adaptive, draft_max=max_draft)
+    engine.plan = plan
+    return engine
+
+
+def plan_for(cfg: RunConfig, drafter_path: Path | None, max_draft: int):
+    """The VRAM/RAM plan this run loads with (the same one `localflash plan` prints)."""
+    from . import devices
+    from .gguf_meta import read_meta
+    from .llama import check_gguf
+    from .plan import Wishes, make_plan
+
+    t_meta = read_meta(check_gguf(cfg.target))
+    d_meta = read_meta(check_gguf(drafter_path)) if drafter_path else None
+    chosen = devices.select_gpus(devices.detect(), vram=cfg.vram, gpus=cfg.gpus)
+    wishes = Wishes(ctx=cfg.ctx, kv=cfg.kv, n_draft=max(max_draft, 1))
+    return make_plan(t_meta, d_meta, chosen, devices.host_memory(), wishes)
+
+
+def _arch_of(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    from .gguf_meta import read_meta
+    from .llama import check_gguf
+
+    return read_meta(check_gguf(path)).arch
 
 
 # hybrid/recurrent architectures: partial rollback needs n_rs_seq >= the draft length

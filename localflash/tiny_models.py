@@ -12,6 +12,7 @@ DFlash can tap them) and ``dflash`` drafters whose tensors and keys follow
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -48,6 +49,7 @@ class TinySpec:
     seed: int = 0
     noise: float = 0.0
     rename_tokens: bool = False  # write a vocab whose token strings differ (incompatible pair)
+    layer_scale: float = 0.02  # std of the layer matrices; larger makes each layer change the residual more
 
     @property
     def head_dim(self) -> int:
@@ -79,22 +81,35 @@ class DFlashSpec:
     swa_layers: list[bool] | None = None
     seed: int = 1
     n_ctx_train: int = 4096
+    rms_eps: float = 1e-6
+    causal: bool | None = None  # written as dflash.attention.causal when set (llama.cpp: one flag for all layers)
+    key_length: int | None = None  # head_dim when it is not n_embd // n_head
+    rope_scaling: dict | None = None  # HF rope_scaling ("linear" or "yarn"), written as rope.scaling.* keys
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.key_length or self.n_embd // self.n_head
 
     @property
     def ff(self) -> int:
         return self.n_ff or 4 * self.n_embd
 
 
-def copy_tokenizer(writer: GGUFWriter, source: str | Path, rename_tokens: bool = False) -> int:
-    """Copy every ``tokenizer.*`` key of ``source`` into ``writer``; return the vocab size."""
+@dataclass
+class LazyTensor:
+    """A tensor known by shape, loaded only when written (``integer``: int64, e.g. ``d2t``)."""
+
+    shape: tuple[int, ...]
+    load: Callable[[], np.ndarray]
+    integer: bool = False
+
+
+def copy_tokenizer(writer: GGUFWriter, source: str | Path, rename_tokens: bool = False, skip: tuple[str, ...] = ()) -> int:
+    """Copy every ``tokenizer.*`` key of ``source`` (except ``skip``) into ``writer``; return the vocab size."""
     reader = GGUFReader(str(source))
     n_vocab = 0
     for name, fld in reader.fields.items():
-        if not name.startswith("tokenizer."):
+        if not name.startswith("tokenizer.") or name in skip:
             continue
         kind = fld.types[0]
         value = fld.contents()
@@ -168,17 +183,17 @@ def write_target(path: str | Path, spec: TinySpec | None = None, **kw) -> Path:
     w.add_tensor("output.weight", rand((n_vocab, d), 0.5))
     for i in range(spec.n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(d, np.float32))
-        w.add_tensor(f"blk.{i}.attn_q.weight", rand((spec.n_head * hd, d), 0.02))
-        w.add_tensor(f"blk.{i}.attn_k.weight", rand((spec.n_head_kv * hd, d), 0.02))
-        w.add_tensor(f"blk.{i}.attn_v.weight", rand((spec.n_head_kv * hd, d), 0.02))
-        w.add_tensor(f"blk.{i}.attn_output.weight", rand((d, spec.n_head * hd), 0.02))
+        w.add_tensor(f"blk.{i}.attn_q.weight", rand((spec.n_head * hd, d), spec.layer_scale))
+        w.add_tensor(f"blk.{i}.attn_k.weight", rand((spec.n_head_kv * hd, d), spec.layer_scale))
+        w.add_tensor(f"blk.{i}.attn_v.weight", rand((spec.n_head_kv * hd, d), spec.layer_scale))
+        w.add_tensor(f"blk.{i}.attn_output.weight", rand((d, spec.n_head * hd), spec.layer_scale))
         if arch == "qwen3":
             w.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(hd, np.float32))
             w.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(hd, np.float32))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(d, np.float32))
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", rand((spec.ff, d), 0.02))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", rand((spec.ff, d), 0.02))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", rand((d, spec.ff), 0.02))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", rand((spec.ff, d), spec.layer_scale))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", rand((spec.ff, d), spec.layer_scale))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", rand((d, spec.ff), spec.layer_scale))
     _finish(w)
     return path
 
@@ -211,14 +226,27 @@ def dflash_tensors(spec: DFlashSpec) -> dict[str, np.ndarray]:
 def write_dflash_gguf(
     path: str | Path,
     spec: DFlashSpec,
-    tensors: dict[str, np.ndarray],
+    tensors: dict[str, "np.ndarray | LazyTensor"],
     tokenizer_from: str | Path | None = None,
+    float_type: str = "F32",
+    name: str | None = None,
+    n_target_layers: int | None = None,
 ) -> Path:
-    """Write a ``dflash`` GGUF with the keys llama.cpp's loader reads."""
+    """Write a ``dflash`` GGUF with the keys llama.cpp's loader reads.
+
+    ``tensors`` maps GGUF names to arrays in NumPy (row-major) shape, or to
+    :class:`LazyTensor` loaders; they are streamed to disk one at a time, so a
+    multi-GB drafter never sits in memory whole. Integer arrays
+    (``d2t``) keep their type, 1-D float arrays are written F32 and matrices
+    as ``float_type`` (``F32`` or ``F16``). ``n_target_layers`` (the target's
+    depth, kept for the reverse conversion) is a localflash key llama.cpp ignores.
+    """
+    if float_type not in ("F32", "F16"):
+        raise ValueError(f"float_type is F32 or F16, not {float_type}")
     path = Path(path)
     w = GGUFWriter(str(path), "dflash")
-    w.add_name(f"dflash-{spec.n_embd}x{spec.n_layer}")
-    copy_tokenizer(w, tokenizer_from or vocab_path())
+    w.add_name(name or f"dflash-{spec.n_embd}x{spec.n_layer}")
+    copy_tokenizer(w, tokenizer_from or vocab_path(), skip=("tokenizer.ggml.mask_token_id",))
     w.add_uint32("tokenizer.ggml.mask_token_id", spec.mask_token_id)
     w.add_context_length(spec.n_ctx_train)
     w.add_embedding_length(spec.n_embd)
@@ -228,19 +256,69 @@ def write_dflash_gguf(
     w.add_head_count_kv(spec.n_head_kv)
     w.add_key_length(spec.head_dim)
     w.add_value_length(spec.head_dim)
-    w.add_layer_norm_rms_eps(1e-6)
+    w.add_layer_norm_rms_eps(spec.rms_eps)
     w.add_rope_freq_base(spec.rope_theta)
+    if spec.rope_scaling:
+        _add_rope_scaling(w, spec.rope_scaling)
     w.add_array("dflash.target_layers", [int(x) for x in spec.target_layers])
     w.add_uint32("dflash.block_size", spec.block_size)
     if spec.swa_window:
         w.add_sliding_window(spec.swa_window)
         pattern = spec.swa_layers or [True] * spec.n_layer
         w.add_array("dflash.attention.sliding_window_pattern", [bool(x) for x in pattern])
-    w.add_file_type(0)
-    for name, arr in tensors.items():
-        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
-    _finish(w)
+    if spec.causal is not None:
+        w.add_causal_attention(bool(spec.causal))
+    if n_target_layers is not None:
+        w.add_uint32("dflash.n_target_layers", int(n_target_layers))
+    w.add_file_type(1 if float_type == "F16" else 0)
+
+    def load(name: str) -> np.ndarray:
+        value = tensors[name]
+        arr = np.asarray(value.load() if isinstance(value, LazyTensor) else value)
+        if arr.dtype.kind in "iu":
+            return np.ascontiguousarray(arr, dtype=np.int64 if isinstance(value, LazyTensor) else arr.dtype)
+        dtype = np.float16 if float_type == "F16" and arr.ndim >= 2 else np.float32
+        return np.ascontiguousarray(arr, dtype=dtype)
+
+    shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    for tname, value in tensors.items():
+        if isinstance(value, LazyTensor):
+            shape, kind = tuple(value.shape), (np.dtype(np.int64) if value.integer else None)
+        else:
+            value = np.asarray(value)
+            shape, kind = value.shape, (value.dtype if value.dtype.kind in "iu" else None)
+        dtype = kind or (np.dtype(np.float16) if float_type == "F16" and len(shape) >= 2 else np.dtype(np.float32))
+        shapes[tname] = (tuple(shape), dtype)
+        w.add_tensor_info(tname, shape, dtype, int(np.prod(shape)) * dtype.itemsize)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for tname in tensors:
+        arr = load(tname)
+        if (arr.shape, arr.dtype) != shapes[tname]:
+            raise ValueError(f"tensor {tname} changed shape or type between passes")
+        w.write_tensor_data(arr)
+    w.close()
     return path
+
+
+def _add_rope_scaling(w: GGUFWriter, scaling: dict) -> None:
+    kind = scaling.get("rope_type") or scaling.get("type")
+    factor = scaling.get("factor")
+    if kind not in ("linear", "yarn") or factor is None:
+        raise ValueError(f"rope scaling {kind!r} is not supported (linear and yarn are)")
+    w.add_string("dflash.rope.scaling.type", kind)
+    w.add_float32("dflash.rope.scaling.factor", float(factor))
+    if kind == "yarn":
+        w.add_uint32("dflash.rope.scaling.original_context_length", int(scaling["original_max_position_embeddings"]))
+        for key, gguf_key in (
+            ("extrapolation_factor", "yarn_ext_factor"),
+            ("attention_factor", "yarn_attn_factor"),
+            ("beta_fast", "yarn_beta_fast"),
+            ("beta_slow", "yarn_beta_slow"),
+        ):
+            if scaling.get(key) is not None:
+                w.add_float32(f"dflash.rope.scaling.{gguf_key}", float(scaling[key]))
 
 
 def write_dflash(path: str | Path, spec: DFlashSpec | None = None, **kw) -> Path:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,7 @@ class Accounting:
     compute: dict[str, int] = field(default_factory=dict)
     output: dict[str, int] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
+    probe: object = None  # what ``measure(on_loaded=...)`` returned while the model and context were alive
 
     def total(self, kind: str) -> int:
         return sum(getattr(self, kind).values())
@@ -71,9 +73,13 @@ def measure(
     n_gpu_layers: int = 0,
     split_mode: str = "layer",
     main_gpu: int = 0,
+    tensor_split: list[float] | None = None,
     no_alloc: bool = False,
+    on_loaded: Callable[[], object] | None = None,
 ) -> Accounting:
-    """Load ``path``, create one context, free both, and return what llama.cpp reported."""
+    """Load ``path``, create one context, free both, and return what llama.cpp reported.
+
+    ``on_loaded`` runs while both are alive (e.g. to read the device memory NVML sees)."""
     L = lib()
     lines: list[str] = []
 
@@ -82,13 +88,20 @@ def measure(
         lines.append(text.decode("utf-8", errors="replace"))
 
     L.llama_log_set(on_log, ctypes.c_void_p(0))
-    model = ctx = None
+    model = ctx = probe = None
+    split = None
+    if tensor_split:
+        split = (ctypes.c_float * L.llama_max_devices())(*tensor_split)
     try:
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = n_gpu_layers
         mp.split_mode = SPLIT_MODES[split_mode]
         mp.main_gpu = main_gpu
         mp.no_alloc = no_alloc
+        if split is not None:
+            mp.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
+        if no_alloc:
+            mp.load_mode = L.LLAMA_LOAD_MODE_NONE  # the dry run cannot map the file
         model = L.llama_model_load_from_file(str(path).encode(), mp)
         if not model:
             raise LocalflashError(f"llama.cpp could not load {path}", hint="".join(lines[-5:]).strip() or None)
@@ -105,13 +118,17 @@ def measure(
         ctx = L.llama_init_from_model(model, cp)
         if not ctx:
             raise LocalflashError(f"llama.cpp could not create a context for {path}", hint="".join(lines[-5:]).strip() or None)
+        if on_loaded is not None:
+            probe = on_loaded()
     finally:
         if ctx:
             L.llama_free(ctx)
         if model:
             L.llama_model_free(model)
         _restore_log(L)
-    return parse_log("".join(lines).splitlines())
+    acc = parse_log("".join(lines).splitlines())
+    acc.probe = probe
+    return acc
 
 
 def _restore_log(L) -> None:

@@ -49,6 +49,7 @@ class ModelOptions:
     tensor_split: list[float] | None = None
     use_mmap: bool = True
     vocab_only: bool = False
+    tensor_overrides: list[tuple[str, str]] | None = None  # (regex, "CPU"): keep matching tensors in host RAM
 
 
 class Model:
@@ -69,6 +70,9 @@ class Model:
             n = L.llama_max_devices()
             self._tensor_split = (ctypes.c_float * n)(*(o.tensor_split + [0.0] * (n - len(o.tensor_split)))[:n])
             params.tensor_split = self._tensor_split
+        self._overrides = _buft_overrides(o.tensor_overrides) if o.tensor_overrides else None
+        if self._overrides is not None:
+            params.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
         self.ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
             raise LocalflashError(f"llama.cpp could not load {self.path.name}: {_last_error()}")
@@ -325,6 +329,32 @@ class Context:
     def close(self) -> None:
         self._free()
         self.ptr = None
+
+
+class _BuftOverride(ctypes.Structure):
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def _buft_overrides(rules: list[tuple[str, str]]):
+    """A NULL-terminated ``llama_model_tensor_buft_override`` array (only host RAM, "CPU", is offered)."""
+    cpu = _ggml_base().ggml_backend_cpu_buffer_type()
+    arr = (_BuftOverride * (len(rules) + 1))()
+    for i, (pattern, where) in enumerate(rules):
+        if where.upper() != "CPU":
+            raise LocalflashError(f"tensor override to {where!r}: only CPU (host RAM) is supported")
+        arr[i].pattern = pattern.encode()
+        arr[i].buft = cpu
+    return arr
+
+
+def _ggml_base():
+    import glob
+
+    lib_dir = Path(lib().__file__).parent / "lib"
+    so = ctypes.CDLL(sorted(glob.glob(str(lib_dir / "libggml-base.so*")))[0])
+    so.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
+    so.ggml_backend_cpu_buffer_type.argtypes = []
+    return so
 
 
 def _last_error() -> str:

@@ -74,6 +74,7 @@ class DFlashDrafter(Drafter):
         self.ctx.set_causal((model.meta("dflash.attention.causal") or "false").lower() == "true")
         target_ctx.capture_layer_inputs(self.layer_ids)
         self.n_injected = 0  # positions 0..n_injected-1 carry target features
+        self.ctx_limit = self.ctx.n_ctx - self.block_size
 
     def rollback(self, n_keep: int) -> None:
         if self.n_injected > n_keep:
@@ -81,8 +82,8 @@ class DFlashDrafter(Drafter):
             self.n_injected = n_keep
 
     def on_target_decode(self, target_ctx: Context, start_pos: int, n_committed: int) -> None:
-        if start_pos != self.n_injected:
-            raise LocalflashError(f"DFlash features out of step: injecting at {start_pos}, expected {self.n_injected}")
+        if start_pos != self.n_injected or start_pos + n_committed > self.ctx_limit:
+            return  # past the drafter's context (or after a gap): no features, so no drafts from here
         rows = target_ctx.n_last
         feats = np.concatenate([target_ctx.layer_input(lid, rows)[:n_committed] for lid in self.layer_ids], axis=1)
         self.ctx.decode_embd(feats, start_pos)
@@ -90,7 +91,7 @@ class DFlashDrafter(Drafter):
 
     def propose(self, history: list[int], n_past: int, k: int) -> list[int]:
         k = min(k, self.max_draft)
-        if k <= 0:
+        if k <= 0 or self.n_injected != n_past:
             return []
         # always draft the full block: the drafter was trained on it and its cost barely depends on k
         self.ctx.decode([history[-1]] + [self.mask] * self.max_draft, n_past, "all")

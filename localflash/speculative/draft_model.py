@@ -39,6 +39,7 @@ class DraftModelDrafter(Drafter):
         self.p_min = p_min
         self.ctx = Context(model, ContextOptions(n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_outputs_max=1, n_threads=n_threads))
         self.kv: list[int] = []  # tokens in the draft cache, positions 0..len-1
+        self.ctx_limit = self.ctx.n_ctx - 1
 
     def rollback(self, n_keep: int) -> None:
         if len(self.kv) > n_keep:

@@ -17,6 +17,7 @@ class Drafter:
     name = "none"
     max_draft = 0
     cost_grows_with_length = True  # False when one forward drafts the whole block (DFlash)
+    ctx_limit = 1 << 30  # positions the drafter's own cache can hold; past it, no drafting
 
     def rollback(self, n_keep: int) -> None:
         """Forget everything at positions >= ``n_keep``."""

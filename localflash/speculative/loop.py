@@ -59,7 +59,9 @@ class Engine:
             st.generated = 1
             yield [last]
             if not self.calibrated and self.policy.adaptive and self.policy.max_draft:
+                t_cal = time.perf_counter()
                 self._calibrate()
+                t_start += time.perf_counter() - t_cal  # a one-off cost, not decode speed
             while st.generated < max_tokens:
                 n_past = len(self.tokens)
                 room = self.ctx.n_ctx - n_past - 1
@@ -67,18 +69,14 @@ class Engine:
                     st.stop = "context"
                     return
                 limit = min(room, max_tokens - st.generated - 1)
-                k = self.policy.choose(limit) if self.drafting else 0
+                drafting = self.drafting and n_past + 1 + self.policy.max_draft <= self.drafter.ctx_limit
+                k = self.policy.choose(limit) if drafting else 0
                 td = time.perf_counter()
                 draft = self.drafter.propose(history, n_past, k) if k else []
                 t_draft = time.perf_counter() - td
                 tv = time.perf_counter()
                 self.ctx.decode([last] + draft, n_past, "all" if draft else "last")
-                new = []
-                for i in range(len(draft) + 1):
-                    tok = sample(self.ctx.logits(i if draft else -1))
-                    new.append(tok)
-                    if i == len(draft) or tok != draft[i] or self.target.is_eog(tok):
-                        break
+                new = verify_block(self.ctx, draft, sample, self.target.is_eog)
                 t_verify = time.perf_counter() - tv
                 m = len(new) - 1  # drafts accepted
                 if m < len(draft):
@@ -150,6 +148,21 @@ class Engine:
     def close(self) -> None:
         self.drafter.close()
         self.ctx.close()
+
+
+def verify_block(ctx: Context, draft: list[int], sample, is_eog) -> list[int]:
+    """Sample each verified row; keep draft tokens while they equal the target's sample.
+
+    Returns the committed tokens: the accepted drafts plus one token of the
+    target's own (the bonus), or fewer if an end-of-generation token comes first.
+    """
+    new = []
+    for i in range(len(draft) + 1):
+        tok = sample(ctx.logits(i if draft else -1))
+        new.append(tok)
+        if i == len(draft) or tok != draft[i] or is_eog(tok):
+            break
+    return new
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

