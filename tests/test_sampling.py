@@ -26,9 +26,9 @@ RUNS, LENGTH = 240, 9
 
 def pit_values(target: Model, sampling: SamplingParams, tiny_drafter, seed0: int):
     prompt = target.tokenize("the river of quiet stone and")
-    ctx = Context(target, ContextOptions(n_ctx=256, n_outputs_max=5))
-    engine = Engine(target, ctx, DraftModelDrafter(Model(tiny_drafter), target, 256, 4), adaptive=False)
-    exact = Context(target, ContextOptions(n_ctx=256, n_outputs_max=64))
+    ctx = Context(target, ContextOptions(n_ctx=256, n_outputs_max=5, n_threads=1))
+    engine = Engine(target, ctx, DraftModelDrafter(Model(tiny_drafter), target, 256, 4, n_threads=1), adaptive=False)
+    exact = Context(target, ContextOptions(n_ctx=256, n_outputs_max=64, n_threads=1))
     rng = np.random.default_rng(seed0)
     singles, pairs, impossible = [], [], 0
     for run in range(RUNS):

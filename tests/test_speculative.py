@@ -35,7 +35,7 @@ def prompts(n: int, seed: int = 0) -> list[str]:
 
 
 def generate(model: Model, tokens, n, make_drafter=None, sampling=None, draft_max=None, adaptive=False, n_batch=64):
-    ctx = Context(model, ContextOptions(n_ctx=N_CTX, n_batch=n_batch, n_ubatch=n_batch, n_outputs_max=17))
+    ctx = Context(model, ContextOptions(n_ctx=N_CTX, n_batch=n_batch, n_ubatch=n_batch, n_outputs_max=17, n_threads=1))
     drafter = make_drafter(ctx) if make_drafter else None
     engine = Engine(model, ctx, drafter, adaptive=adaptive, draft_max=draft_max)
     stats = Stats()
@@ -85,7 +85,7 @@ def test_draft_model_is_lossless(target, plain_outputs, tiny_drafters):
     def pick(i):
         which, block = ("same", "near", "far")[i % 3], BLOCKS[(i // 3) % 3]
         path = tiny_drafters[which]
-        return which, (lambda ctx: DraftModelDrafter(Model(path), target, N_CTX, block - 1)), block - 1
+        return which, (lambda ctx: DraftModelDrafter(Model(path), target, N_CTX, block - 1, n_threads=1)), block - 1
 
     st = _check_all(target, plain_outputs, pick)
     assert st["same"].accepted == st["same"].drafted > 0
@@ -101,7 +101,7 @@ def test_dflash_is_lossless(target, plain_outputs, tiny_dir):
 
     def pick(i):
         block = BLOCKS[i % 3]
-        return f"b{block}", (lambda ctx: DFlashDrafter(Model(paths[block]), target, ctx, N_CTX + 16)), block - 1
+        return f"b{block}", (lambda ctx: DFlashDrafter(Model(paths[block]), target, ctx, N_CTX + 16, n_threads=1)), block - 1
 
     st = _check_all(target, plain_outputs, pick)
     assert all(s.drafted > 0 for s in st.values())  # random weights: (almost) always wrong, still lossless
@@ -142,7 +142,7 @@ def test_verify_loop_always_right_and_random(target, plain_outputs):
 
 def test_adaptive_length_is_lossless(target, plain_outputs, tiny_drafters):
     path = tiny_drafters["near"]
-    pick = lambda i: ("near", lambda ctx: DraftModelDrafter(Model(path), target, N_CTX, 8), 8)  # noqa: E731
+    pick = lambda i: ("near", lambda ctx: DraftModelDrafter(Model(path), target, N_CTX, 8, n_threads=1), 8)  # noqa: E731
     _check_all(target, plain_outputs, pick, adaptive=True, limit=12)
 
 
@@ -153,15 +153,15 @@ def test_sampled_output_equals_plain_sampling_with_same_seed(target, tiny_drafte
         toks = target.tokenize(text)
         sp = SamplingParams(temperature=temp, top_p=top_p, seed=seed)
         plain, _ = generate(target, toks, 64, sampling=sp)
-        spec, st = generate(target, toks, 64, lambda ctx: DraftModelDrafter(Model(path), target, N_CTX, 4), sampling=sp, draft_max=4)
+        spec, st = generate(target, toks, 64, lambda ctx: DraftModelDrafter(Model(path), target, N_CTX, 4, n_threads=1), sampling=sp, draft_max=4)
         assert spec == plain
 
 
 def test_dflash_injects_exactly_the_committed_positions(target, tiny_dflash):
     """After many cycles the drafter's cache equals one built from the committed text in one go."""
     toks = target.tokenize("the river of quiet stone and nine silver hills")
-    ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_outputs_max=17))
-    drafter = DFlashDrafter(Model(tiny_dflash), target, ctx, N_CTX + 16)
+    ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_outputs_max=17, n_threads=1))
+    drafter = DFlashDrafter(Model(tiny_dflash), target, ctx, N_CTX + 16, n_threads=1)
     engine = Engine(target, ctx, drafter, adaptive=False)
     out = [t for c in engine.generate(toks, 80) for t in c]
     committed = engine.tokens
@@ -173,8 +173,8 @@ def test_dflash_injects_exactly_the_committed_positions(target, tiny_dflash):
 
     def rebuilt(tokens):
         """A drafter fed the features of ``tokens`` in one prefill, then asked for the same block."""
-        fresh_ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_outputs_max=17))
-        fresh = DFlashDrafter(Model(tiny_dflash), target, fresh_ctx, N_CTX + 16)
+        fresh_ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_outputs_max=17, n_threads=1))
+        fresh = DFlashDrafter(Model(tiny_dflash), target, fresh_ctx, N_CTX + 16, n_threads=1)
         fresh_ctx.decode(tokens, 0, "last")
         fresh.on_target_decode(fresh_ctx, 0, len(tokens))
         fresh.ctx.decode([out[-1]] + [fresh.mask] * 15, len(committed), "all")
@@ -193,7 +193,7 @@ def test_bad_pairs_are_refused(target, tiny_dir, tiny_target, tiny_dflash):
     renamed = write_target(tiny_dir / "renamed.gguf", TinySpec(n_layer=2, rename_tokens=True))
     with pytest.raises(LocalflashError, match="different tokenizers"):
         DraftModelDrafter(Model(renamed), target, 256)
-    ctx = Context(target, ContextOptions(n_ctx=256))
+    ctx = Context(target, ContextOptions(n_ctx=256, n_threads=1))
     deep = write_dflash(tiny_dir / "deep.gguf", DFlashSpec(target_layers=[1, 9]))
     with pytest.raises(LocalflashError, match="has 4 layers"):
         DFlashDrafter(Model(deep), target, ctx, 256)
@@ -226,6 +226,6 @@ def test_accepting_every_draft_breaks_losslessness(target, plain_outputs, tiny_d
     path = tiny_drafters["far"]
     diverged = 0
     for toks, want in list(zip(cases, expected))[:5]:
-        got, _ = generate(target, toks, 128, lambda ctx: DraftModelDrafter(Model(path), target, N_CTX, 4), draft_max=4)
+        got, _ = generate(target, toks, 128, lambda ctx: DraftModelDrafter(Model(path), target, N_CTX, 4, n_threads=1), draft_max=4)
         diverged += got != want
     assert diverged == 5
