@@ -66,7 +66,7 @@ def test_layer_inputs_shape_and_dependence(tiny_target):
     a = model.tokenize("The quick brown fox jumps over the lazy dog")
     ctx.decode(a, 0, "last")
     rows = {lid: ctx.layer_input(lid, len(a)).copy() for lid in (0, 1, 3)}
-    for lid, x in rows.items():
+    for x in rows.values():
         assert x.shape == (len(a), model.n_embd) and x.dtype == np.float32
         assert np.isfinite(x).all()
     assert not np.allclose(rows[1], rows[3])  # layers differ
