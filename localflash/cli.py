@@ -167,6 +167,7 @@ def bench(
     prompts: str = typer.Option("spec_bench", "--prompts", help="spec_bench | humaneval | FILE.jsonl."),
     limit: int = typer.Option(3, "--limit", help="Prompts per category (0: all)."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", help="Tokens generated per prompt."),
+    repeat: int = typer.Option(1, "--repeat", help="Runs per prompt and mode; the fastest counts (rejects interference)."),
     ctx: Optional[int] = typer.Option(None, "--ctx", "-c", help="Context size (default: what the longest prompt needs)."),
     temp: float = typer.Option(0.0, "--temp", help="Temperature; 0 is greedy."),
     top_k: int = typer.Option(40, "--top-k"),
@@ -196,6 +197,8 @@ def bench(
         fail(f"--max-tokens must be at least 1, got {max_tokens}")
     if limit < 0:
         fail(f"--limit must be 0 (all) or more, got {limit}")
+    if not 1 <= repeat <= 100:
+        fail(f"--repeat must be in 1..100, got {repeat}")
     if watts is not None and watts <= 0:
         fail(f"--watts must be positive, got {watts:g}")
     if price_kwh is not None and (watts is None or price_kwh < 0):
@@ -227,7 +230,7 @@ def bench(
     err = Console(stderr=True)
     report = run_bench(
         cfg, mode_list, set_name, plist, max_tokens, sampling, raw=raw, ctx_given=ctx is not None,
-        watts=watts, price=price_kwh, console=err,
+        watts=watts, price=price_kwh, repeat=repeat, console=err,
     )
     print_report(report, out)
     if save and len(mode_list) > 1:

@@ -46,18 +46,27 @@ class DraftModelDrafter(Drafter):
             self.ctx.seq_rm(n_keep)
             del self.kv[n_keep:]
 
+    def on_prompt(self, prompt: list[int]) -> None:
+        """Decode the prompt into the draft cache now, while the target prefills, not in the first cycle."""
+        self._catch_up(prompt, want_logits=False)
+
+    def _catch_up(self, tokens: list[int], want_logits: bool) -> None:
+        """Make the draft cache hold ``tokens`` (decoding what it lacks); with ``want_logits`` the last row is output."""
+        p = _common_prefix(self.kv, tokens)
+        if want_logits and p == len(tokens):
+            p -= 1  # re-decode the last token to get its logits
+        self.rollback(p)
+        for off in range(p, len(tokens), self.ctx.n_batch):
+            chunk = tokens[off : off + self.ctx.n_batch]
+            final = off + len(chunk) == len(tokens)
+            self.ctx.decode(chunk, off, "last" if final and want_logits else "none")
+        self.kv += tokens[p:]
+
     def propose(self, history: list[int], n_past: int, k: int) -> list[int]:
         k = min(k, self.max_draft)
         if k <= 0:
             return []
-        p = _common_prefix(self.kv, history)
-        if p == len(history):
-            p -= 1
-        self.rollback(p)
-        for off in range(p, len(history), self.ctx.n_batch):
-            chunk = history[off : off + self.ctx.n_batch]
-            self.ctx.decode(chunk, off, "last" if off + len(chunk) == len(history) else "none")
-        self.kv = list(history)
+        self._catch_up(history, want_logits=True)
         drafts: list[int] = []
         while True:
             logits = self.ctx.logits(-1)
@@ -76,9 +85,19 @@ class DraftModelDrafter(Drafter):
         self.model.close()
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def _common_prefix(a: list[int], b: list[int], tail: int = 64) -> int:
+    """Length of the common prefix of two token lists.
+
+    Each cycle the lists agree except near their ends (the last draft against
+    the accepted tokens), so one C-level comparison of all but the last
+    ``tail`` items settles almost every call; the rest is scanned.
+    """
     n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if len(diff) else n
+    h = max(0, n - tail)
+    if a[:h] != b[:h]:
+        diff = np.flatnonzero(np.asarray(a[:h]) != np.asarray(b[:h]))
+        return int(diff[0])
+    for i in range(h, n):
+        if a[i] != b[i]:
+            return i
+    return n

