@@ -17,6 +17,10 @@ of the ``attn_k``/``attn_v`` tensors and a warning says so.
 
 from __future__ import annotations
 
+import functools
+import mmap
+import struct
+
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,18 +232,114 @@ def tensor_bytes(ggml_type: int | str, shape: tuple[int, ...] | list[int]) -> in
 
 
 def read_meta(path: str | Path) -> ModelMeta:
-    """Parse a GGUF header into a ``ModelMeta``; raise ``LocalflashError`` for a missing or non-GGUF file."""
+    """Parse a GGUF header into a ``ModelMeta``; raise ``LocalflashError`` for a missing or non-GGUF file.
+
+    Results are cached per (path, size, mtime): parsing a large tokenizer takes seconds.
+    """
     p = Path(path).expanduser()
     if not p.is_file():
         raise LocalflashError(f"model file not found: {p}", hint="pass the path of a .gguf file")
+    st = p.stat()
+    return _read_meta_cached(p.resolve(), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_meta_cached(p: Path, size: int, mtime_ns: int) -> ModelMeta:
+    with p.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise LocalflashError(f"not a GGUF file: {p}", hint="localflash loads llama.cpp GGUF models (*.gguf)")
     try:
-        reader = GGUFReader(str(p))
-    except (ValueError, OSError) as e:
-        raise LocalflashError(f"not a readable GGUF file: {p} ({e})") from e
-    return _meta_from_reader(p, reader)
+        return _meta_from_reader(p, _HeaderReader(p))
+    except (ValueError, OSError, IndexError, KeyError, struct.error) as e:
+        raise LocalflashError(
+            f"{p.name} is not a readable GGUF file (truncated or corrupt)",
+            hint="download or convert it again; --verbose shows the parser's message",
+        ) from e
 
 
-def _meta_from_reader(path: Path, reader: GGUFReader) -> ModelMeta:
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_BIG_ARRAY = 4096  # longer arrays (vocabularies, merges) are counted, not decoded
+
+
+class _HeaderField:
+    def __init__(self, value, count: int):
+        self.value = value
+        self.data = range(count)  # only its length is read for arrays left undecoded
+
+    def contents(self):
+        return self.value
+
+
+class _HeaderTensor:
+    def __init__(self, name: str, dims: tuple[int, ...], qtype: int):
+        self.name = name
+        self.shape = dims
+        self.tensor_type = GGMLQuantizationType(qtype)
+        self.n_bytes = tensor_bytes(qtype, dims)
+
+
+class _HeaderReader:
+    """The part of ``gguf.GGUFReader`` the planner needs, from the header alone.
+
+    GGUFReader decodes every tokenizer string into NumPy views (seconds for a
+    150k vocabulary); this reads keys, small values and the tensor table only.
+    """
+
+    def __init__(self, path: Path):
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            if m[:4] != b"GGUF":
+                raise ValueError("bad magic")
+            (version,) = struct.unpack_from("<I", m, 4)
+            if version < 2:
+                raise ValueError(f"GGUF version {version} is too old")
+            n_tensors, n_kv = struct.unpack_from("<QQ", m, 8)
+            self.off = 24
+            self.fields: dict[str, _HeaderField] = {}
+            for _ in range(n_kv):
+                key = self._string(m)
+                (vtype,) = struct.unpack_from("<I", m, self.off)
+                self.off += 4
+                value, count = self._value(m, vtype)
+                self.fields[key] = _HeaderField(value, count)
+            self.tensors = []
+            for _ in range(n_tensors):
+                name = self._string(m)
+                (n_dims,) = struct.unpack_from("<I", m, self.off)
+                dims = struct.unpack_from(f"<{n_dims}Q", m, self.off + 4)
+                self.off += 4 + 8 * n_dims
+                qtype, _offset = struct.unpack_from("<IQ", m, self.off)
+                self.off += 12
+                self.tensors.append(_HeaderTensor(name, tuple(int(d) for d in dims), qtype))
+
+    def _string(self, m) -> str:
+        (n,) = struct.unpack_from("<Q", m, self.off)
+        s = bytes(m[self.off + 8 : self.off + 8 + n]).decode("utf-8", errors="replace")
+        self.off += 8 + n
+        return s
+
+    def _value(self, m, vtype: int):
+        if vtype == 8:
+            return self._string(m), 1
+        if vtype == 9:
+            etype, count = struct.unpack_from("<IQ", m, self.off)
+            self.off += 12
+            if etype in _SCALARS and count > _BIG_ARRAY:
+                self.off += count * struct.calcsize(_SCALARS[etype])
+                return None, count
+            if etype in _SCALARS:
+                fmt = _SCALARS[etype]
+                vals = list(struct.unpack_from(f"<{count}{fmt[1]}", m, self.off))
+                self.off += count * struct.calcsize(fmt)
+                return vals, count
+            items = [self._value(m, etype)[0] for _ in range(count)]
+            return (items if count <= _BIG_ARRAY else None), count
+        fmt = _SCALARS[vtype]
+        (v,) = struct.unpack_from(fmt, m, self.off)
+        self.off += struct.calcsize(fmt)
+        return v, 1
+
+
+def _meta_from_reader(path: Path, reader) -> ModelMeta:
     fields = {name: f for name, f in reader.fields.items() if not name.startswith("tokenizer.ggml.merges")}
 
     def get(key: str, default=None):

@@ -358,5 +358,8 @@ def _ggml_base():
 
 
 def _last_error() -> str:
+    """The most specific failure llama.cpp logged ("error loading model: <why>" beats "failed to load model")."""
     lines = [ln.strip() for ln in recent_log() if "error" in ln.lower() or "failed" in ln.lower()]
-    return lines[-1] if lines else "see --verbose for llama.cpp's log"
+    specific = [ln for ln in lines if "error loading model:" in ln or "error:" in ln.lower()]
+    chosen = (specific or lines or ["see --verbose for llama.cpp's log"])[-1]
+    return chosen.split("error loading model:", 1)[-1].strip()
