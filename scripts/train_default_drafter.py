@@ -30,6 +30,7 @@ from default_drafter_prompts import mixed_prompts  # noqa: E402
 
 N_PROMPTS = 800
 STEPS = 500  # 8 sequences x 32 anchors x 16 slots = 4096 block tokens each
+SWA_WINDOW = 64  # each target feature already summarises its own context; a window learns much faster
 PACKAGED = ROOT / "localflash" / "data" / "dflash-smollm2-135m-instruct.gguf"
 
 
@@ -70,6 +71,7 @@ def main() -> None:
         taps=5,
         block_size=16,
         draft_vocab=8192,
+        sliding_window=SWA_WINDOW,
         quant="Q8_0",
         eval_tokens=128,
         train=TrainConfig(anchors=32, batch=8, epochs=0, steps=STEPS, lr=1e-3, warmup=0.04, clip=1.0, seed=0, ckpt_every=25),

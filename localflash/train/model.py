@@ -94,8 +94,9 @@ class DecoderLayer(nn.Module):
         return apply_rope(k, cos, sin), v
 
     def forward(self, x, kc, vc, cos, sin, ctx_mask, blk_mask):
-        """``x``: block states ``[Bt, N, B, D]``; ``kc``/``vc``: ``[Bt, S, Hkv, hd]``;
-        ``ctx_mask``: ``[Bt, N, B, S]`` bool (True = visible); ``blk_mask``: ``[B, B]``."""
+        """``x``: block states ``[Bt, N, B, D]``; ``kc``/``vc``: the context, ``[Bt, S, Hkv, hd]``
+        (shared by all blocks) or ``[Bt, N, W, Hkv, hd]`` (each block's own window);
+        ``ctx_mask``: ``[Bt, N, B, S or W]`` bool (True = visible); ``blk_mask``: ``[B, B]``."""
         a = self.self_attn
         bt, n, b, _ = x.shape
         y = self.input_layernorm(x)
@@ -106,15 +107,17 @@ class DecoderLayer(nn.Module):
         rep = self.n_head // self.n_kv
         qg = q.view(bt, n, b, self.n_kv, rep, self.hd)
         scale = 1.0 / math.sqrt(self.hd)
+        per_block = kc.dim() == 5
+        ctx_eq = ("bnqhrd,bnshd->bnhrqs", "bnhrqs,bnshd->bnqhrd") if per_block else ("bnqhrd,bshd->bnhrqs", "bnhrqs,bshd->bnqhrd")
         # scores against the context and against the own block, in float32
-        sc = torch.einsum("bnqhrd,bshd->bnhrqs", qg, kc).float() * scale
+        sc = torch.einsum(ctx_eq[0], qg, kc).float() * scale
         sb = torch.einsum("bnqhrd,bnkhd->bnhrqk", qg, k).float() * scale
         sc = sc.masked_fill(~ctx_mask[:, :, None, None], float("-inf"))
         sb = sb.masked_fill(~blk_mask, float("-inf"))
         p = torch.softmax(torch.cat([sc, sb], dim=-1), dim=-1)
-        s = kc.shape[1]
+        s = kc.shape[-3]
         pc, pb = p[..., :s].to(vc.dtype), p[..., s:].to(v.dtype)
-        o = torch.einsum("bnhrqs,bshd->bnqhrd", pc, vc) + torch.einsum("bnhrqk,bnkhd->bnqhrd", pb, v)
+        o = torch.einsum(ctx_eq[1], pc, vc) + torch.einsum("bnhrqk,bnkhd->bnqhrd", pb, v)
         x = x + a.o_proj(o.reshape(bt, n, b, self.n_head * self.hd))
         h = self.post_attention_layernorm(x)
         m = self.mlp
@@ -171,6 +174,17 @@ class DFlashDraft(nn.Module):
         """``[Bt, S, K*D]`` target features -> fused context ``[Bt, S, D]``."""
         return self.hidden_norm(self.fc(feats * self.feat_scale.to(feats.dtype)))
 
+    def window_index(self, anchors: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For sliding layers: the ``W-1`` context positions any query of a block can see
+        (``[Bt, N, W-1]``, clamped at 0), and the ``[Bt, N, B, W-1]`` visibility mask."""
+        w = self.spec.swa_window
+        dev = anchors.device
+        idx = anchors[..., None] - (w - 1) + torch.arange(w - 1, device=dev)  # [Bt, N, W-1]
+        qpos = anchors[..., None] + torch.arange(b, device=dev)  # [Bt, N, B]
+        visible = (idx[..., None, :] >= 0) & ((qpos[..., None] - idx[..., None, :]) < w)
+        blk = torch.ones(b, b, dtype=torch.bool, device=dev)
+        return idx.clamp_min(0), visible, blk
+
     def masks(self, layer: DecoderLayer, anchors: torch.Tensor, s: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         dev = anchors.device
         kpos = torch.arange(s, device=dev)
@@ -198,13 +212,29 @@ class DFlashDraft(nn.Module):
         pos = anchors[..., None] + torch.arange(b, device=feats.device)
         cos_b, sin_b = rope_tables(pos, hd, self.spec.rope_theta)
         x = F.embedding(block_tokens, self.embed).to(h.dtype)
-        cache: dict[tuple[bool, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+        cache: dict[tuple[bool, bool], tuple[torch.Tensor, ...]] = {}
+        # a sliding layer whose window is shorter than the context gathers each block's window
+        # (cost ~ W instead of S); otherwise every block attends the shared context under a mask
+        windowed = bool(self.spec.swa_window) and self.spec.swa_window - 1 < s
+        rows = torch.arange(bt, device=feats.device)[:, None, None]
         for layer in self.layers:
             kc, vc = layer.context_kv(h, cos_c, sin_c)
             key = (layer.causal, layer.sliding)
-            if key not in cache:
-                cache[key] = self.masks(layer, anchors, s, b)
-            x = layer(x, kc, vc, cos_b, sin_b, *cache[key])
+            if layer.sliding and windowed:
+                if key not in cache:
+                    idx, visible, blk = self.window_index(anchors, b)
+                    if layer.causal:
+                        blk = torch.tril(blk)
+                    if layer.window < b:
+                        off = torch.arange(b, device=feats.device)
+                        blk = blk & ((off[:, None] - off[None, :]) < layer.window)
+                    cache[key] = (idx, visible, blk)
+                idx, visible, blk = cache[key]
+                x = layer(x, kc[rows, idx], vc[rows, idx], cos_b, sin_b, visible, blk)
+            else:
+                if key not in cache:
+                    cache[key] = self.masks(layer, anchors, s, b)
+                x = layer(x, kc, vc, cos_b, sin_b, *cache[key])
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -47,6 +47,7 @@ class PipelineConfig:
     taps: int = 5
     block_size: int = 16
     draft_vocab: int = 0  # 0: the target's whole vocabulary (borrow its head)
+    sliding_window: int = 0  # > 0: every layer sliding (bidirectional in the block, as llama.cpp runs it)
     mask_token: int = -1  # -1: the target's mask token, else an unused control token
     train: TrainConfig = field(default_factory=TrainConfig)
     quant: str = "Q8_0"
@@ -130,6 +131,8 @@ def run(cfg: PipelineConfig, console=None) -> dict:
     con = console or Console(stderr=True)
     if cfg.quant.upper() not in QUANTS:
         raise LocalflashError(f"unknown --quant {cfg.quant!r}", hint=f"use one of {', '.join(QUANTS)}")
+    if cfg.sliding_window and cfg.sliding_window < 2:
+        raise LocalflashError(f"--sliding-window must be 0 (off) or at least 2, got {cfg.sliding_window}")
     if cfg.block_size < 2:
         raise LocalflashError(f"--block-size must be at least 2, got {cfg.block_size}")
     tinfo = read_target(cfg.target)
@@ -181,6 +184,9 @@ def run(cfg: PipelineConfig, console=None) -> dict:
         n_ff=shape["n_ff"], target_layers=layer_ids, block_size=cfg.block_size, mask_token_id=mask,
         rope_theta=shape["rope_theta"], seed=cfg.train.seed, n_ctx_train=cfg.max_prompt_tokens + cfg.max_new_tokens,
         key_length=shape["head_dim"] if shape["head_dim"] != shape["n_embd"] // shape["n_head"] else None,
+        swa_window=cfg.sliding_window,
+        swa_layers=[True] * cfg.layers if cfg.sliding_window else None,
+        causal=False if cfg.sliding_window else None,  # written out: vLLM/SGLang would default SWA layers to causal
     )
     coverage = float(counts[d2t].sum() / max(1, counts.sum())) if d2t is not None else 1.0
     con.print(f"[bold]2/5 vocabulary[/]: mask token {mask} ({_tok(cfg.target, mask)!r}); draft vocabulary "
@@ -208,7 +214,8 @@ def run(cfg: PipelineConfig, console=None) -> dict:
     trainer = Trainer(model, store, records, cfg.train, work, t2d)
     resumed = trainer.resume()
     n_params = sum(p.numel() for p in model.parameters())
-    con.print(f"[bold]3/5 training[/]: {cfg.layers} layers, {n_params / 1e6:.1f}M trainable parameters, "
+    con.print(f"[bold]3/5 training[/]: {cfg.layers} layers" + (f" (sliding window {cfg.sliding_window})" if cfg.sliding_window else "") + ", "
+              f"{n_params / 1e6:.1f}M trainable parameters, "
               f"{len(trainer.records)} sequences ({sum(r.n_response for r in records)} response tokens), {trainer.total} steps of "
               f"{cfg.train.batch} x {cfg.train.anchors} blocks on {trainer.device.type}"
               + (f" ({trainer.amp})" if trainer.amp else "") + (f"; resumed at step {trainer.state.step}" if resumed else ""))
