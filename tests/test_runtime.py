@@ -21,7 +21,7 @@ def spec_bench_prompts(n: int) -> list[str]:
 
 
 def ours_greedy(model: Model, tokens: list[int], n: int) -> list[int]:
-    ctx = Context(model, ContextOptions(n_ctx=1024, n_threads=2))
+    ctx = Context(model, ContextOptions(n_ctx=1024, n_threads=1))
     engine = Engine(model, ctx)
     out = [t for chunk in engine.generate(tokens, n) for t in chunk]
     engine.close()
@@ -45,7 +45,7 @@ def test_greedy_equals_high_level_llama(which, tiny_target, smollm2):
     path = tiny_target if which == "tiny" else smollm2
     model = Model(path)
     # our contexts run flash attention (AUTO resolves to on); the high-level default is off
-    llm = Llama(model_path=str(path), n_ctx=1024, n_threads=2, n_threads_batch=2, flash_attn=True, verbose=False)
+    llm = Llama(model_path=str(path), n_ctx=1024, n_threads=1, n_threads_batch=1, flash_attn=True, verbose=False)
     compared_full = 0
     for text in spec_bench_prompts(40):
         tokens = model.tokenize(text)
