@@ -346,7 +346,7 @@ def write_markdown(report: dict, path: Path) -> None:
             for name, r in allr.items():
                 if "host_share" in r:
                     split = f"{100 * r['target_share']:.0f}% / {100 * r['draft_share']:.0f}% / {100 * r['host_share']:.2f}%"
-                    host = f"{r['host_ms_per_cycle']:.3f} | {r['host_cpu_ms_per_cycle']:.3f} | {100 * r['host_cpu_share']:.2f}%"
+                    host = f"{r['host_ms_per_cycle']:.3f} | {r.get('host_cpu_ms_per_cycle', float('nan')):.3f} | {100 * r.get('host_cpu_share', float('nan')):.2f}%"
                 else:
                     split, host = "–", "– | – | –"
                 pos = bl.fmt_pos(r["position_acceptance"], 6) if r.get("position_acceptance") else "–"
@@ -400,7 +400,16 @@ def main(argv=None) -> int:
     ap.add_argument("--no-peer", action="store_true", help="skip the C++ peer")
     ap.add_argument("--no-threads-check", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"), help="writes OUT.md and OUT.json")
+    ap.add_argument("--render", action="store_true", help="only rewrite OUT.md from OUT.json and OUT.notes.md (no runs)")
     a = ap.parse_args(argv)
+    if a.render:
+        out = Path(a.out)
+        report = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
+        notes = out.with_name(out.name + ".notes.md")
+        report["notes"] = notes.read_text(encoding="utf-8").splitlines() if notes.exists() else []
+        write_markdown(report, out.with_suffix(".md"))
+        print(f"wrote {out.with_suffix('.md')}", file=sys.stderr)
+        return 0
     a.tokens = [int(x) for x in a.tokens.split(",")]
     a.lengths = [int(x) for x in a.lengths.split(",")]
     bl.set_omp_wait(a.omp_wait)
