@@ -76,7 +76,7 @@ SITE=${SITE:-/tmp/lf-site}
 mkdir -p "$SITE"
 export PYTHONPATH=$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}
 for whl in "$CARRY"/gguf-*.whl "$CARRY"/diskcache-*.whl; do
-  [[ -f $whl ]] && "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$whl"
+  if [[ -f $whl ]]; then "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$whl"; fi
 done
 flags=$(CUDA=1 CUDA_ARCH=$ARCH bash scripts/cmake_flags.sh)
 key=$(echo "$flags" | sha1sum | cut -c1-12)

@@ -240,6 +240,8 @@ class Context:
         b.token[:n] = tokens
         b.pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
         if outputs == "all":
+            if n > self.n_outputs_max:
+                raise LocalflashError(f"{n} output rows requested but the context was made for {self.n_outputs_max}")
             b.logits[:n] = 1
             n_out = n
         else:
