@@ -67,7 +67,6 @@ _UNSUPPORTED = {
     "conv_kernel_size": "a DFlash2 checkpoint",
     "selector_rank": "a DFlash2 checkpoint",
     "markov_head_type": "a DSpark checkpoint",
-    "input_embedding_scale": "an embedding scale (Gemma targets)",
     "output_multiplier": "an output multiplier (Gemma targets)",
     "final_logit_softcapping": "logit softcapping (Gemma targets)",
     "attention_sink_bias": "attention sinks",
@@ -341,6 +340,7 @@ def spec_from_hf(config: dict, ckpt: Checkpoint | None = None) -> DrafterInfo:
         causal=None if causal is None else bool(causal),
         key_length=head_dim if head_dim != hidden // n_head else None,
         rope_scaling=dict(scaling) if scaling else None,
+        embedding_scale=float(d.get("input_embedding_scale", c.get("input_embedding_scale")) or 0.0),
     )
     vocab = int(c.get("vocab_size") or 0)
     draft_vocab = c.get("draft_vocab_size")
@@ -353,6 +353,8 @@ def hf_config(info: DrafterInfo) -> dict:
     dcfg: dict = {"mask_token_id": s.mask_token_id, "target_layer_ids": [i - 1 for i in s.target_layers], "block_size": s.block_size}
     if s.causal is not None:
         dcfg["causal"] = s.causal
+    if s.embedding_scale:
+        dcfg["input_embedding_scale"] = s.embedding_scale
     cfg = {
         "architectures": ["DFlashDraftModel"],
         "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
@@ -643,6 +645,7 @@ def read_dflash_gguf(path: str | Path) -> tuple[DrafterInfo, dict[str, np.ndarra
         causal=None if causal is None else bool(causal),
         key_length=head_dim if head_dim != n_embd // n_head else None,
         rope_scaling=scaling,
+        embedding_scale=float(val(f"{a}.embedding_scale", 0.0) or 0.0),
     )
     tensors: dict[str, np.ndarray] = {}
     for t in r.tensors:

@@ -85,6 +85,7 @@ class DFlashSpec:
     causal: bool | None = None  # written as dflash.attention.causal when set (llama.cpp: one flag for all layers)
     key_length: int | None = None  # head_dim when it is not n_embd // n_head
     rope_scaling: dict | None = None  # HF rope_scaling ("linear" or "yarn"), written as rope.scaling.* keys
+    embedding_scale: float = 0.0  # > 0: the block's token embeddings are multiplied by it (dflash.embedding_scale)
 
     @property
     def head_dim(self) -> int:
@@ -268,6 +269,8 @@ def write_dflash_gguf(
         w.add_array("dflash.attention.sliding_window_pattern", [bool(x) for x in pattern])
     if spec.causal is not None:
         w.add_causal_attention(bool(spec.causal))
+    if spec.embedding_scale:
+        w.add_float32("dflash.embedding_scale", float(spec.embedding_scale))
     if n_target_layers is not None:
         w.add_uint32("dflash.n_target_layers", int(n_target_layers))
     w.add_file_type(1 if float_type == "F16" else 0)

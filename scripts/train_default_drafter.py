@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from default_drafter_prompts import mixed_prompts  # noqa: E402
 
 N_PROMPTS = 800
-STEPS = 500  # 8 sequences x 32 anchors x 16 slots = 4096 block tokens each
-SWA_WINDOW = 64  # each target feature already summarises its own context; a window learns much faster
+STEPS = 2400  # 4 sequences x 32 anchors x 16 slots = 2048 block tokens each
+SWA_WINDOW = 32  # each target feature already summarises its own context; fewer keys learn faster
 PACKAGED = ROOT / "localflash" / "data" / "dflash-smollm2-135m-instruct.gguf"
 
 
@@ -67,14 +67,16 @@ def main() -> None:
         holdout_every=40,
         workers=args.workers,
         threads=1,
-        layers=2,
+        layers=1,
         taps=5,
         block_size=16,
         draft_vocab=8192,
         sliding_window=SWA_WINDOW,
+        embedding_scale=0.1,
+        train_head=True,
         quant="Q8_0",
         eval_tokens=128,
-        train=TrainConfig(anchors=32, batch=8, epochs=0, steps=STEPS, lr=1e-3, warmup=0.04, clip=1.0, seed=0, ckpt_every=25),
+        train=TrainConfig(anchors=32, batch=4, epochs=0, steps=STEPS, lr=1.5e-3, warmup=0.02, clip=1.0, seed=0, ckpt_every=100),
     )
     report = run(cfg)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -100,7 +100,7 @@ CASES = {
     "sliding F16": (DFlashSpec(n_layer=3, n_head=4, n_head_kv=2, target_layers=[1, 2, 3], mask_token_id=MASK, swa_window=6,
                                swa_layers=[True, False, True], causal=False, rope_theta=1e6), "F16", 0),
     "sliding causal, draft vocab F32": (DFlashSpec(n_layer=2, n_head=4, n_head_kv=1, target_layers=[2, 3], mask_token_id=MASK,
-                                                   swa_window=5, swa_layers=[True, True], causal=True), "F32", 700),
+                                                   swa_window=5, swa_layers=[True, True], causal=True, embedding_scale=0.25), "F32", 700),
 }
 
 
@@ -169,6 +169,7 @@ def test_hf_gguf_hf_round_trip_preserves_every_tensor(tiny_target, tmp_path):
     info, _ = read_dflash_gguf(gguf)
     assert info.spec.target_layers == spec.target_layers  # llama.cpp convention in the GGUF
     assert info.spec.swa_layers == [True, True] and info.spec.swa_window == 5 and info.spec.causal is True
+    assert info.spec.embedding_scale == 0.25
 
 
 def test_target_layer_formula_matches_published_checkpoints():

@@ -134,6 +134,7 @@ class DFlashDraft(nn.Module):
         head: torch.Tensor,
         d2t: torch.Tensor | None = None,
         llama_semantics: bool = False,
+        train_head: bool = False,
     ):
         super().__init__()
         if spec.rope_scaling:
@@ -155,7 +156,12 @@ class DFlashDraft(nn.Module):
         # carry a few channels hundreds of times larger than the rest, which a random fc cannot see past
         self.register_buffer("feat_scale", torch.ones(len(spec.target_layers) * d), persistent=False)
         self.register_buffer("embed", embed.float(), persistent=False)
-        self.register_buffer("head", head.float(), persistent=False)
+        if train_head:  # only for a reduced vocabulary: the head is then the drafter's own tensor
+            if d2t is None:
+                raise ValueError("a trainable head needs a reduced draft vocabulary (d2t); the full one is the target's")
+            self.head = nn.Parameter(head.float().clone())
+        else:
+            self.register_buffer("head", head.float(), persistent=False)
         self.register_buffer("d2t", d2t.long() if d2t is not None else None, persistent=False)
         self.n_vocab = embed.shape[0]
         self.reset_parameters()
@@ -163,6 +169,8 @@ class DFlashDraft(nn.Module):
     def reset_parameters(self, std: float = 0.02, seed: int | None = None) -> None:
         g = torch.Generator().manual_seed(seed) if seed is not None else None
         for name, p in self.named_parameters():
+            if name == "head":
+                continue
             with torch.no_grad():
                 if name.endswith("norm.weight") or "layernorm" in name:
                     p.fill_(1.0)
@@ -212,6 +220,8 @@ class DFlashDraft(nn.Module):
         pos = anchors[..., None] + torch.arange(b, device=feats.device)
         cos_b, sin_b = rope_tables(pos, hd, self.spec.rope_theta)
         x = F.embedding(block_tokens, self.embed).to(h.dtype)
+        if self.spec.embedding_scale:
+            x = x * self.spec.embedding_scale
         cache: dict[tuple[bool, bool], tuple[torch.Tensor, ...]] = {}
         # a sliding layer whose window is shorter than the context gathers each block's window
         # (cost ~ W instead of S); otherwise every block attends the shared context under a mask
@@ -262,7 +272,7 @@ class DFlashDraft(nn.Module):
     # -- weights ---------------------------------------------------------------------------
     def hf_state(self) -> dict[str, np.ndarray]:
         """Trainable weights under HF checkpoint names, as float32 NumPy arrays (``feat_scale`` folded into fc)."""
-        out = {k: v.detach().float().cpu().numpy() for k, v in self.state_dict().items()}
+        out = {k: v.detach().float().cpu().numpy() for k, v in self.state_dict().items() if k != "head"}
         out["fc.weight"] = out["fc.weight"] * self.feat_scale.detach().float().cpu().numpy()[None, :]
         return out
 

@@ -48,6 +48,8 @@ class PipelineConfig:
     block_size: int = 16
     draft_vocab: int = 0  # 0: the target's whole vocabulary (borrow its head)
     sliding_window: int = 0  # > 0: every layer sliding (bidirectional in the block, as llama.cpp runs it)
+    embedding_scale: float = 0.0  # > 0: scale the block embeddings (dflash.embedding_scale); small values learn faster
+    train_head: bool = False  # with a reduced vocabulary: train the drafter's own head (initialised from the target's rows)
     mask_token: int = -1  # -1: the target's mask token, else an unused control token
     train: TrainConfig = field(default_factory=TrainConfig)
     quant: str = "Q8_0"
@@ -133,6 +135,8 @@ def run(cfg: PipelineConfig, console=None) -> dict:
         raise LocalflashError(f"unknown --quant {cfg.quant!r}", hint=f"use one of {', '.join(QUANTS)}")
     if cfg.sliding_window and cfg.sliding_window < 2:
         raise LocalflashError(f"--sliding-window must be 0 (off) or at least 2, got {cfg.sliding_window}")
+    if cfg.train_head and not 0 < cfg.draft_vocab < 10**9:
+        raise LocalflashError("--train-head needs --draft-vocab: the full-vocabulary head is the target's own, shared")
     if cfg.block_size < 2:
         raise LocalflashError(f"--block-size must be at least 2, got {cfg.block_size}")
     tinfo = read_target(cfg.target)
@@ -187,6 +191,7 @@ def run(cfg: PipelineConfig, console=None) -> dict:
         swa_window=cfg.sliding_window,
         swa_layers=[True] * cfg.layers if cfg.sliding_window else None,
         causal=False if cfg.sliding_window else None,  # written out: vLLM/SGLang would default SWA layers to causal
+        embedding_scale=cfg.embedding_scale,
     )
     coverage = float(counts[d2t].sum() / max(1, counts.sum())) if d2t is not None else 1.0
     con.print(f"[bold]2/5 vocabulary[/]: mask token {mask} ({_tok(cfg.target, mask)!r}); draft vocabulary "
@@ -202,7 +207,8 @@ def run(cfg: PipelineConfig, console=None) -> dict:
         t2d[d2t] = np.arange(len(d2t))
     torch.manual_seed(cfg.train.seed)
     model = DFlashDraft(spec, torch.from_numpy(embed), torch.from_numpy(np.ascontiguousarray(head_rows)),
-                        torch.from_numpy(d2t) if d2t is not None else None, llama_semantics=True)
+                        torch.from_numpy(d2t) if d2t is not None else None, llama_semantics=True,
+                        train_head=cfg.train_head and d2t is not None)
     model.reset_parameters(seed=cfg.train.seed)
     # unit-RMS feature channels (folded into fc on export); position 0 (the attention sink) left out
     sample = records[:: max(1, len(records) // 64)]
