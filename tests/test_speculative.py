@@ -229,3 +229,26 @@ def test_accepting_every_draft_breaks_losslessness(target, plain_outputs, tiny_d
         got, _ = generate(target, toks, 128, lambda ctx: DraftModelDrafter(Model(path), target, N_CTX, 4, n_threads=1), draft_max=4)
         diverged += got != want
     assert diverged == 5
+
+
+def test_draft_model_windowed_catch_up_is_lossless(target, plain_outputs, tiny_drafters, monkeypatch):
+    """Long stretches without drafting, then a burst: the draft cache is rebuilt from a window and stays usable."""
+    from localflash.speculative import draft_model
+
+    monkeypatch.setattr(draft_model, "CATCH_UP_MAX", 6)
+    cases, expected = plain_outputs
+    windows = 0
+    for toks, want in list(zip(cases, expected))[:8]:
+        ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_batch=64, n_ubatch=64, n_outputs_max=17, n_threads=1))
+        drafter = DraftModelDrafter(Model(tiny_drafters["same"]), target, N_CTX, 4, n_threads=1)
+        engine = Engine(target, ctx, drafter, adaptive=False, draft_max=4)
+        cycle = iter(range(10**6))
+        engine.policy.choose = lambda limit: min(4, limit) if next(cycle) % 12 >= 10 else 0  # 10 cycles off, 2 on
+        stats = Stats()
+        got = [t for chunk in engine.generate(toks, 128, None, stats) for t in chunk]
+        windows += drafter.window_start > 0
+        assert got == want
+        assert stats.accepted > 0.5 * stats.drafted > 0  # drafter = target: from a short window it is still mostly right
+        assert drafter.ctx.pos_max() == len(drafter.kv) - 1
+        engine.close()
+    assert windows == 8

@@ -6,7 +6,9 @@ where a_j is the (recent) rate at which position j is accepted given that
 position j-1 was. Its cost is verify(k+1) + draft(k), both measured on this
 machine as the run goes. The policy picks the k in 0..max that maximises
 E(k)/cost(k); k = 0 is plain decoding, chosen when drafting does not pay.
-While drafting is off it still probes now and then, so it can turn back on.
+While drafting is off it still probes now and then, so it can turn back on;
+each probe that does not turn it back on doubles the wait for the next one
+(PROBE_EVERY .. PROBE_MAX cycles), so a drafter that never pays costs little.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from dataclasses import dataclass, field
 
 PRIOR_HITS, PRIOR_TRIES = 1.0, 2.0  # optimistic 0.5 until the run says otherwise
 DECAY = 0.98  # weight of history per observation: adapts to phase changes (thinking vs answer)
-PROBE_EVERY = 16
+PROBE_EVERY = 16  # first probe after this many cycles off
+PROBE_MAX = 256  # the wait doubles after each probe that does not pay, up to this
 
 
 @dataclass
@@ -57,6 +60,8 @@ class DraftPolicy:
         self.hits = [0.0] * max_draft
         self.tries = [0.0] * max_draft
         self.cycles_off = 0
+        self.probe_wait = PROBE_EVERY
+        self.probing = False  # the last choice was a probe, not the model's pick
         self.last_choice = max_draft
 
     def accept_rate(self, j: int) -> float:
@@ -84,20 +89,31 @@ class DraftPolicy:
         if not self.adaptive or top == 0:
             self.last_choice = top
             return top
-        scores = {}
+        best, best_score, expected, run = 0, -1.0, 1.0, 1.0
         for k in range(top + 1):
+            if k:
+                run *= self.accept_rate(k - 1)
+                expected += run
             c = self.cost(k)
             if c is None or c <= 0:
                 self.last_choice = top  # not measured yet: try the full length once
                 return top
-            scores[k] = self.expected_tokens(k) / c
-        best = max(scores, key=lambda k: (scores[k], -k))
+            score = expected / c
+            if score > best_score:  # ties go to the shorter draft
+                best, best_score = k, score
         if best == 0:
+            if self.probing:  # the probe did not turn drafting back on: wait longer next time
+                self.probe_wait = min(PROBE_MAX, 2 * self.probe_wait)
+            self.probing = False
             self.cycles_off += 1
-            if self.cycles_off % PROBE_EVERY == 0:
+            if self.cycles_off >= self.probe_wait:
+                self.cycles_off = 0
+                self.probing = True
                 best = min(2, top)
         else:
             self.cycles_off = 0
+            self.probe_wait = PROBE_EVERY
+            self.probing = False
         self.last_choice = best
         return best
 

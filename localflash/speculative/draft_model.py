@@ -27,8 +27,21 @@ def check_same_vocab(target: Model, drafter: Model, samples: int = 256) -> None:
             )
 
 
+CATCH_UP_MAX = 64  # after a long stretch without drafting, decode at most this many of the missed tokens
+
+
 class DraftModelDrafter(Drafter):
-    """Greedy drafting with a ``p_min`` confidence cut-off; its KV follows the committed text."""
+    """Greedy drafting with a ``p_min`` confidence cut-off; its KV follows the committed text.
+
+    While the engine is not drafting (the adaptive length chose 0), the draft
+    cache falls behind. When a probe finds more than ``CATCH_UP_MAX`` tokens
+    missing, the draft cache is emptied and only the last ``CATCH_UP_MAX``
+    tokens are decoded, at their true positions (llama.cpp needs a sequence's
+    positions to be consecutive, which an empty cache allows to start
+    anywhere): a rare probe costs a bounded amount, and the drafter drafts
+    from that window until the next prompt rebuilds it. Drafts are only proposals,
+    checked by the target like any other.
+    """
 
     name = "draft"
 
@@ -39,6 +52,7 @@ class DraftModelDrafter(Drafter):
         self.p_min = p_min
         self.ctx = Context(model, ContextOptions(n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_outputs_max=1, n_threads=n_threads))
         self.kv: list[int] = []  # tokens in the draft cache, positions 0..len-1
+        self.window_start = 0  # > 0: positions before it were dropped by a bounded catch-up
         self.ctx_limit = self.ctx.n_ctx - 1
 
     def rollback(self, n_keep: int) -> None:
@@ -48,15 +62,27 @@ class DraftModelDrafter(Drafter):
 
     def on_prompt(self, prompt: list[int]) -> None:
         """Decode the prompt into the draft cache now, while the target prefills, not in the first cycle."""
+        if self.window_start:  # a windowed cache: rebuild it whole
+            self.rollback(0)
+            self.window_start = 0
         self._catch_up(prompt, want_logits=False)
 
-    def _catch_up(self, tokens: list[int], want_logits: bool) -> None:
-        """Make the draft cache hold ``tokens`` (decoding what it lacks); with ``want_logits`` the last row is output."""
+    def _catch_up(self, tokens: list[int], want_logits: bool, max_gap: int | None = None) -> None:
+        """Make the draft cache hold ``tokens`` (decoding what it lacks); with ``want_logits`` the last row is output.
+
+        With ``max_gap``, more missing tokens than that empty the cache, and only the last
+        ``max_gap`` tokens are decoded; ``kv`` still lists every position, as the window's
+        positions (and any later rollback) are those of the full text.
+        """
         p = _common_prefix(self.kv, tokens)
         if want_logits and p == len(tokens):
             p -= 1  # re-decode the last token to get its logits
         self.rollback(p)
-        for off in range(p, len(tokens), self.ctx.n_batch):
+        start = p
+        if max_gap is not None and len(tokens) - p > max_gap:
+            self.ctx.seq_rm(0)
+            start = self.window_start = len(tokens) - max_gap
+        for off in range(start, len(tokens), self.ctx.n_batch):
             chunk = tokens[off : off + self.ctx.n_batch]
             final = off + len(chunk) == len(tokens)
             self.ctx.decode(chunk, off, "last" if final and want_logits else "none")
@@ -66,7 +92,7 @@ class DraftModelDrafter(Drafter):
         k = min(k, self.max_draft)
         if k <= 0:
             return []
-        self._catch_up(history, want_logits=True)
+        self._catch_up(history, want_logits=True, max_gap=CATCH_UP_MAX)
         drafts: list[int] = []
         while True:
             logits = self.ctx.logits(-1)

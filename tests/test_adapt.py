@@ -1,0 +1,57 @@
+"""The adaptive draft length: pure arithmetic on measured costs and acceptance, no model."""
+
+from __future__ import annotations
+
+import itertools
+
+from localflash.speculative.adapt import PROBE_EVERY, PROBE_MAX, DraftPolicy
+
+
+def _policy(verify_per_token: float, verify_base: float, rate: float, max_draft: int = 8) -> DraftPolicy:
+    p = DraftPolicy(max_draft, adaptive=True, draft_cost_grows=False)
+    for size in range(1, max_draft + 2):
+        p.verify.add(size, verify_base + verify_per_token * size)
+    p.draft.add(1, 0.0)
+    for j in range(max_draft):
+        p.hits[j], p.tries[j] = 1000.0 * rate, 1000.0
+    return p
+
+
+def _brute_force(p: DraftPolicy, top: int) -> int:
+    scores = [(p.expected_tokens(k) / p.cost(k), -k) for k in range(top + 1)]
+    return -max(scores)[1]
+
+
+def test_choice_maximises_expected_tokens_per_second():
+    for per_token, rate in itertools.product((0.0, 0.05, 0.3, 1.0), (0.0, 0.2, 0.5, 0.8, 0.95)):
+        p = _policy(per_token, 1.0, rate)
+        for top in (0, 1, 3, 8):
+            assert p.choose(top) == _brute_force(p, top) or p.probing, (per_token, rate, top)
+
+
+def test_free_verification_and_good_drafts_draft_the_most():
+    assert _policy(0.0, 1.0, 0.9).choose(100) == 8
+
+
+def test_probes_back_off_while_drafting_does_not_pay():
+    p = _policy(1.0, 0.0, 0.0)  # a verify of k+1 costs k+1 steps and nothing is accepted
+    probes = [i for i in range(2000) if p.choose(100) > 0]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert probes[0] == PROBE_EVERY - 1
+    assert gaps[:4] == [2 * PROBE_EVERY, 4 * PROBE_EVERY, 8 * PROBE_EVERY, 16 * PROBE_EVERY]
+    assert max(gaps) == PROBE_MAX and len(probes) < 2000 / PROBE_MAX + 6
+
+
+def test_a_probe_that_pays_resets_the_wait():
+    p = _policy(1.0, 0.0, 0.0)
+    while p.choose(100) == 0:
+        pass
+    for _ in range(3 * PROBE_EVERY):  # two more probes: the wait is now 4x
+        p.choose(100)
+    assert p.probe_wait > PROBE_EVERY
+    for j in range(p.max_draft):  # the text turned repetitive: drafts are right again
+        p.hits[j] = p.tries[j] = 1000.0
+    p.verify.ema.clear()
+    for size in range(1, 10):
+        p.verify.add(size, 1.0 + 0.01 * size)
+    assert p.choose(100) == 8 and p.probe_wait == PROBE_EVERY
