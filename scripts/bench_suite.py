@@ -54,7 +54,7 @@ def peer_command(target: Path, drafter: Path | None, kind: str, k: int, prompt_f
         cmd += ["-md", str(drafter), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
                 "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-td", str(threads)]
     elif kind == "ngram":
-        # llama.cpp's prompt lookup: a fixed 3-token key (ours tries 4, 3, then 2), at most k tokens copied
+        # llama.cpp's prompt lookup: a fixed 3-token key (ours tries 4, then 3), at most k tokens copied
         cmd += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", str(k)]
     else:
         raise ValueError(kind)

@@ -40,6 +40,9 @@ class NgramDrafter(Drafter):
 
     Tries suffix lengths ``max_ngram`` down to ``min_ngram``; costs no model pass,
     so it pays wherever output repeats the prompt (code edits, summaries, RAG).
+    The shortest key is 3 tokens, as llama.cpp's prompt lookup uses: 2-token
+    matches draft twice as often but are rarely right, and on a CPU a wrong
+    draft costs a verify pass that is dearer than a plain step.
     Only the last ``window`` tokens are searched.
 
     The n-grams seen so far are kept in one dict per length (n-gram -> its most
@@ -52,7 +55,7 @@ class NgramDrafter(Drafter):
     name = "ngram"
     cost_grows_with_length = False
 
-    def __init__(self, max_draft: int = 8, max_ngram: int = 4, min_ngram: int = 2, window: int = 4096):
+    def __init__(self, max_draft: int = 8, max_ngram: int = 4, min_ngram: int = 3, window: int = 4096):
         self.max_draft = max_draft
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
