@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from localflash.speculative.adapt import PROBE_EVERY, PROBE_MAX, DraftPolicy
+from localflash.speculative.adapt import MARGIN, PROBE_EVERY, PROBE_MAX, DraftPolicy
 
 
 def _policy(verify_per_token: float, verify_base: float, rate: float, max_draft: int = 8) -> DraftPolicy:
@@ -18,8 +18,10 @@ def _policy(verify_per_token: float, verify_base: float, rate: float, max_draft:
 
 
 def _brute_force(p: DraftPolicy, top: int) -> int:
-    scores = [(p.expected_tokens(k) / p.cost(k), -k) for k in range(top + 1)]
-    return -max(scores)[1]
+    costs = [max(p.cost(j) for j in range(k + 1)) for k in range(top + 1)]
+    scores = [(p.expected_tokens(k) / costs[k], -k) for k in range(top + 1)]
+    best = -max(scores)[1]
+    return best if scores[best][0] > scores[0][0] * (1 + MARGIN) else 0
 
 
 def test_choice_maximises_expected_tokens_per_second():
@@ -55,3 +57,18 @@ def test_a_probe_that_pays_resets_the_wait():
     for size in range(1, 10):
         p.verify.add(size, 1.0 + 0.01 * size)
     assert p.choose(100) == 8 and p.probe_wait == PROBE_EVERY
+
+
+def test_a_noisy_cost_table_is_read_as_non_decreasing():
+    p = _policy(0.0, 1.0, 0.6, max_draft=4)
+    p.verify.ema.update({1: 1.0, 2: 1.5, 3: 3.0, 4: 0.5, 5: 0.6})  # sizes 4 and 5 measured once, on a lucky cycle
+    assert p.choose(100) == 1  # 1.6 tokens / 1.5 beats plain; 4 drafts at "0.6" would be a fluke
+
+
+def test_a_marginal_gain_is_not_taken():
+    p = _policy(0.0, 1.0, 0.0, max_draft=1)
+    p.verify.ema.update({1: 1.0, 2: 1.0})
+    p.hits[0], p.tries[0] = 0.03 * 1000, 1000.0  # drafting promises +3% (E = 1.03 at the same cost)
+    assert p.choose(100) == 0
+    p.hits[0] = 0.2 * 1000  # +20%
+    assert p.choose(100) == 1

@@ -6,6 +6,10 @@ where a_j is the (recent) rate at which position j is accepted given that
 position j-1 was. Its cost is verify(k+1) + draft(k), both measured on this
 machine as the run goes. The policy picks the k in 0..max that maximises
 E(k)/cost(k); k = 0 is plain decoding, chosen when drafting does not pay.
+Timings are noisy (a shared machine, a cost measured once), so the cost of
+k+1 is never taken below that of k, and drafting must promise at least
+MARGIN more tokens per second than plain decoding before it is chosen:
+a marginal "win" of the model is a loss as often as not.
 While drafting is off it still probes now and then, so it can turn back on;
 each probe that does not turn it back on doubles the wait for the next one
 (PROBE_EVERY .. PROBE_MAX cycles), so a drafter that never pays costs little.
@@ -17,6 +21,7 @@ from dataclasses import dataclass, field
 
 PRIOR_HITS, PRIOR_TRIES = 1.0, 2.0  # optimistic 0.5 until the run says otherwise
 DECAY = 0.98  # weight of history per observation: adapts to phase changes (thinking vs answer)
+MARGIN = 0.05  # drafting must promise this much more throughput than plain decoding
 PROBE_EVERY = 16  # first probe after this many cycles off
 PROBE_MAX = 256  # the wait doubles after each probe that does not pay, up to this
 
@@ -89,7 +94,7 @@ class DraftPolicy:
         if not self.adaptive or top == 0:
             self.last_choice = top
             return top
-        best, best_score, expected, run = 0, -1.0, 1.0, 1.0
+        best, best_score, expected, run, floor = 0, -1.0, 1.0, 1.0, 0.0
         for k in range(top + 1):
             if k:
                 run *= self.accept_rate(k - 1)
@@ -98,8 +103,11 @@ class DraftPolicy:
             if c is None or c <= 0:
                 self.last_choice = top  # not measured yet: try the full length once
                 return top
+            floor = c = max(c, floor)  # a longer draft never costs less
             score = expected / c
-            if score > best_score:  # ties go to the shorter draft
+            if k == 0:
+                best_score = score * (1.0 + MARGIN)
+            elif score > best_score:  # ties go to the shorter draft
                 best, best_score = k, score
         if best == 0:
             if self.probing:  # the probe did not turn drafting back on: wait longer next time
