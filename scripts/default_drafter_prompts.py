@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -86,6 +87,68 @@ GERMAN = [
     "Der alte Leuchtturm ist heute ein beliebtes Ausflugsziel.",
     "Ich habe das Buch in einer Nacht gelesen, so spannend war es.",
 ]
+GERMAN_MORE = [
+    "Die Bäckerei an der Hauptstraße öffnet jeden Morgen um sechs Uhr.",
+    "Im Herbst fallen die Blätter von den Bäumen und der Wind wird kälter.",
+    "Der Vortrag über künstliche Intelligenz dauerte länger als geplant.",
+    "Meine Kollegin hat gestern ihre Doktorarbeit erfolgreich verteidigt.",
+    "Die Stadtverwaltung will den Verkehr in der Innenstadt deutlich reduzieren.",
+    "Wir haben den Urlaub wegen des schlechten Wetters um eine Woche verschoben.",
+    "Das Kind hat zum ersten Mal allein ein ganzes Buch gelesen.",
+    "Der Fluss ist nach dem starken Regen über die Ufer getreten.",
+    "Viele Menschen arbeiten heute von zu Hause aus und sparen sich den Weg ins Büro.",
+    "Die neue Software soll die Arbeit in den Krankenhäusern erleichtern.",
+    "Auf dem Markt kann man frisches Obst und Gemüse aus der Region kaufen.",
+    "Der Künstler malt seit vierzig Jahren Landschaften aus Norddeutschland.",
+    "Die Schüler besuchten im Rahmen des Unterrichts eine alte Burg.",
+    "Nach langen Verhandlungen einigten sich die Parteien auf einen Kompromiss.",
+    "Das Wasser im See war so klar, dass man bis auf den Grund sehen konnte.",
+    "Sie hat ihr Fahrrad verkauft und fährt jetzt mit der Straßenbahn zur Arbeit.",
+    "Die Zahl der Touristen in der Stadt hat sich in zehn Jahren verdoppelt.",
+    "Wegen einer Baustelle ist die Autobahn bis Montag gesperrt.",
+    "Der Hund unserer Nachbarn bellt jede Nacht, wenn der Mond scheint.",
+    "Die Forscher untersuchen, wie sich der Klimawandel auf die Wälder auswirkt.",
+    "Ich habe meinem Bruder zum Geburtstag eine alte Schallplatte geschenkt.",
+    "Das Theater zeigt in dieser Saison drei Stücke von jungen Autoren.",
+    "Die Bank hat die Zinsen für Sparkonten erneut gesenkt.",
+    "Am Wochenende findet auf dem Marktplatz ein großes Stadtfest statt.",
+    "Der Arzt sagte, dass die Erkältung in ein paar Tagen vorbei sein wird.",
+    "Wir suchen eine größere Wohnung mit Balkon und einem zusätzlichen Zimmer.",
+    "Die Zeitung berichtete ausführlich über den Besuch des Präsidenten.",
+    "Mein Großvater erzählt gern von seiner Zeit als Seemann.",
+    "Die Firma entwickelt Batterien, die schneller geladen werden können.",
+    "Im Winter ist es hier oft neblig und die Tage sind sehr kurz.",
+    "Die Studierenden protestierten gegen die höheren Gebühren.",
+    "Der Koch bereitet das Gericht nach einem alten Familienrezept zu.",
+    "Die Feuerwehr konnte den Brand nach drei Stunden unter Kontrolle bringen.",
+    "Das Orchester probt jeden Donnerstagabend in der alten Kirche.",
+    "Er hat sich vorgenommen, jeden Tag zehn neue Wörter zu lernen.",
+    "Die Regierung will mehr Geld in Schulen und Kindergärten investieren.",
+    "Auf der Insel gibt es keine Autos, nur Fahrräder und Pferdekutschen.",
+    "Der Verein sucht freiwillige Helfer für das Sommerfest.",
+    "Sie schrieb ihrer Freundin einen langen Brief aus Kanada.",
+    "Die Äpfel aus unserem Garten schmecken süßer als die aus dem Supermarkt.",
+    "Der Zug hielt plötzlich mitten auf der Strecke an.",
+    "Das Team arbeitet seit Monaten an einer neuen Version der App.",
+    "In der alten Fabrik befindet sich heute ein Kulturzentrum.",
+    "Die Wanderung auf den Gipfel dauerte fast sechs Stunden.",
+    "Der Minister kündigte an, die Steuern für Familien zu senken.",
+    "Unsere Katze schläft am liebsten auf der warmen Fensterbank.",
+    "Die Ausstellung über das alte Ägypten lockte viele Besucher an.",
+    "Ich habe vergessen, die Blumen zu gießen, bevor wir weggefahren sind.",
+    "Die Universität bietet ab dem nächsten Semester einen neuen Studiengang an.",
+    "Der Sturm hat in der Nacht mehrere Bäume im Park umgeworfen.",
+    "Die Kinder bauten am Strand eine riesige Sandburg.",
+    "Der Preis für Strom ist in den letzten Monaten stark gestiegen.",
+    "Meine Eltern haben sich vor dreißig Jahren in Wien kennengelernt.",
+    "Das Flugzeug landete trotz des Nebels pünktlich in Hamburg.",
+    "Die Stadt plant einen neuen Radweg entlang des Flusses.",
+    "Er spielt seit seiner Kindheit Klavier und gibt heute selbst Unterricht.",
+    "Die Bibliothek bleibt wegen Renovierungsarbeiten bis Ende des Monats geschlossen.",
+    "Nach dem Essen gingen wir noch ein Eis essen.",
+    "Die Polizei hat den gestohlenen Wagen in einem Wald gefunden.",
+    "Das Wetter war perfekt für einen Ausflug mit dem Segelboot.",
+]
 QUESTIONS = [
     "Who invented the telephone?", "What is the capital of Australia?", "How many bones are in the human body?",
     "When did the Second World War end?", "Who wrote Pride and Prejudice?", "What is the largest planet in our solar system?",
@@ -141,7 +204,7 @@ def _code_prompts(limit: int = 160) -> list[str]:
             if fname.startswith("_") or not fn.__doc__ or getattr(fn, "__module__", name) != mod.__name__:
                 continue
             try:
-                sig = str(inspect.signature(fn))
+                sig = re.sub(r" at 0x[0-9a-f]+", "", str(inspect.signature(fn)))  # no memory addresses
             except (TypeError, ValueError):
                 continue
             doc = _first_paragraph(fn.__doc__)
@@ -196,8 +259,92 @@ def mixed_prompts() -> list[str]:
     return out
 
 
+# -- copy-heavy prompts: the target repeats or rephrases its input --------------------
+PASSAGE_MODULES = [
+    "argparse", "collections", "configparser", "csv", "difflib", "fileinput", "heapq", "inspect", "itertools", "json",
+    "os", "random", "re", "sched", "shelve", "socket", "statistics", "string", "struct", "subprocess", "tempfile",
+    "textwrap", "threading", "timeit", "typing", "unittest", "uuid", "functools", "pathlib", "shutil", "datetime",
+    "decimal", "fractions", "logging", "zipfile", "tarfile", "pickle", "copy", "enum", "dataclasses", "contextlib",
+    "queue", "bisect", "base64", "hashlib", "calendar", "glob", "shlex", "pprint", "weakref", "operator", "codecs",
+    "html.parser", "ipaddress", "optparse", "traceback", "warnings", "graphlib",
+]
+N_COPY = 360
+GSM8K_STORIES_FROM = 3000  # GSM8K train rows used as prose passages (the question prompts use the first 640)
+
+
+def _doc_passages(limit: int = 1400) -> list[tuple[str, str]]:
+    """(name, docstring) of stdlib modules, classes and functions with a docstring of 350+ characters."""
+    import importlib
+    import warnings
+
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in PASSAGE_MODULES:
+            mod = importlib.import_module(name)
+            doc = inspect.cleandoc(mod.__doc__ or "")
+            if len(doc) >= 350:
+                out.append((name, doc[:limit]))
+            for member, obj in sorted(inspect.getmembers(mod)):
+                if member.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj)):
+                    continue
+                if getattr(obj, "__module__", None) != mod.__name__:
+                    continue
+                doc = inspect.getdoc(obj) or ""
+                if len(doc) >= 350:
+                    out.append((f"{name}.{member}", doc[:limit]))
+    return out
+
+
+def _stories(n: int) -> list[tuple[str, str]]:
+    """(passage, question): three GSM8K *train* questions joined into a short story, and its last question."""
+    rows = GSM8K.read_text(encoding="utf-8").splitlines()[GSM8K_STORIES_FROM : GSM8K_STORIES_FROM + 3 * n]
+    qs = [json.loads(r)["question"].strip() for r in rows]
+    out = []
+    for j in range(0, len(qs) - 2, 3):
+        text = " ".join(qs[j : j + 3])
+        last = [s for s in text.replace("?", "?|").split("|") if s.strip().endswith("?")]
+        out.append((text, last[-1].strip() if last else "What happens in the story?"))
+    return out[:n]
+
+
+def copy_prompts() -> list[str]:
+    """Summaries, passage questions and translations: responses that reuse the prompt's words."""
+    docs = _doc_passages()
+    stories = _stories(120)
+    english = [s for s, _ in stories]
+    out: list[list[str]] = [[], [], [], []]
+    for j, (name, doc) in enumerate(docs):
+        if j % 2 == 0:
+            out[0].append(f"Summarize: {doc}")
+        else:
+            out[1].append(f"{doc}\n\nBased on the text above, what does `{name}` do?")
+    for j, (text, question) in enumerate(stories):
+        if j % 2 == 0:
+            out[0].append(f"Summarize: {text}")
+        else:
+            out[1].append(f"{text}\n\nAnswer using the passage: {question}")
+    out[2] = [f"Translate German to English: {s}" for s in GERMAN_MORE]
+    first = [e.split(". ")[0].rstrip(".") + "." for e in english[:40]]
+    out[3] = [f"Translate English to {'German' if j % 2 == 0 else 'French'}: {s}" for j, s in enumerate(first)]
+    mixed, k = [], 0
+    while any(out) and len(mixed) < N_COPY:  # round robin over the four kinds
+        if out[k % 4]:
+            mixed.append(out[k % 4].pop(0))
+        k += 1
+    return mixed
+
+
+def default_prompts(n_first: int = 800) -> list[str]:
+    """The default drafter's prompt list: the first ``n_first`` mixed prompts (the first data run),
+    then the rest of the built (non-GSM8K) prompts, then the copy-heavy ones."""
+    mixed = mixed_prompts()
+    gsm = set(_gsm8k(N_GSM8K))
+    return mixed[:n_first] + [p for p in mixed[n_first:] if p not in gsm] + copy_prompts()
+
+
 if __name__ == "__main__":
-    prompts = mixed_prompts()
+    prompts = default_prompts()
     dest = Path(sys.argv[1]) if len(sys.argv) > 1 else None
     if dest:
         dest.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts), encoding="utf-8")
