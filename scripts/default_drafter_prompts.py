@@ -2,8 +2,9 @@
 
 GSM8K *train* questions, plus prompts built here from templates, hand-written
 German sentences and the Python standard library's own docstrings (code and
-documentation prompts). Nothing comes from Spec-Bench or HumanEval. The list
-is deterministic for a given Python minor version (docstrings differ a little
+documentation prompts), and copy-heavy prompts (summaries and passage questions
+over docstrings and GSM8K *train* stories, translations). Nothing comes from
+Spec-Bench or HumanEval. The list (``default_prompts()``) is deterministic for a given Python minor version (docstrings differ a little
 between versions); ``python scripts/default_drafter_prompts.py OUT.jsonl``
 writes it.
 """
@@ -269,6 +270,7 @@ PASSAGE_MODULES = [
     "html.parser", "ipaddress", "optparse", "traceback", "warnings", "graphlib",
 ]
 N_COPY = 360
+N_FIRST_RUN = 800  # the first data run used mixed_prompts()[:800]
 GSM8K_STORIES_FROM = 3000  # GSM8K train rows used as prose passages (the question prompts use the first 640)
 
 
@@ -335,12 +337,13 @@ def copy_prompts() -> list[str]:
     return mixed
 
 
-def default_prompts(n_first: int = 800) -> list[str]:
-    """The default drafter's prompt list: the first ``n_first`` mixed prompts (the first data run),
-    then the rest of the built (non-GSM8K) prompts, then the copy-heavy ones."""
+def default_prompts() -> list[str]:
+    """The default drafter's prompt list: the first N_FIRST_RUN mixed prompts (the first data run),
+    then the rest of the built (non-GSM8K) prompts, then the copy-heavy ones. It only grows at its
+    end, so cached data of a shorter list stays valid."""
     mixed = mixed_prompts()
     gsm = set(_gsm8k(N_GSM8K))
-    return mixed[:n_first] + [p for p in mixed[n_first:] if p not in gsm] + copy_prompts()
+    return mixed[:N_FIRST_RUN] + [p for p in mixed[N_FIRST_RUN:] if p not in gsm] + copy_prompts()
 
 
 if __name__ == "__main__":
