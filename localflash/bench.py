@@ -25,7 +25,7 @@ from .registry import data_dir
 from .speculative.stats import Stats
 
 PROMPT_SETS = ("spec_bench", "humaneval")
-MODES = ("none", "ngram", "draft", "dflash")
+MODES = ("none", "ngram", "draft", "dflash", "draft+ngram", "dflash+ngram")
 HUMANEVAL_INSTRUCTION = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{prompt}\n```"
 VERDICT_FILE = "verdicts.json"
 PAYS = 1.03  # a mode "pays" when it is at least this much faster than plain decoding
@@ -329,7 +329,7 @@ def check_modes(modes: list[str], cfg) -> list[str]:
             continue
         if m not in MODES:
             raise LocalflashError(f"unknown bench mode {m!r}", hint=f"use a comma list of {', '.join(MODES)}")
-        if m in ("draft", "dflash") and cfg.drafter is None and not cfg.derive:
+        if m.removesuffix("+ngram") in ("draft", "dflash") and cfg.drafter is None and not cfg.derive:
             raise LocalflashError(f"bench mode {m} needs a drafter", hint="pass --drafter PATH or a pair that has one")
         out.append(m)
     return out

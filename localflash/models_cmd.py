@@ -122,7 +122,8 @@ def check_pair(pair: Pair) -> tuple[list[tuple[str, bool | None, str]], bool]:
         add("chat template", None, "none (prompts go in raw)")
 
     drafter = None
-    if pair.kind in ("ngram", "none"):
+    kind = pair.kind.removesuffix("+ngram")  # prompt lookup in front changes nothing checked here
+    if kind in ("ngram", "none"):
         add("drafter", None, "n-gram prompt lookup, no model" if pair.kind == "ngram" else "none: plain decoding")
     elif pair.drafter is not None and not pair.drafter.exists() and pair.derive:
         add("drafter", None, f"derived on first use: {pair.derive} requantization of the target -> {pair.drafter}")
@@ -135,9 +136,9 @@ def check_pair(pair: Pair) -> tuple[list[tuple[str, bool | None, str]], bool]:
     if drafter is not None:
         size_d, size_t = pair.drafter.stat().st_size, pair.target.stat().st_size
         add("drafter", True, f"{pair.drafter.name}, {fmt_bytes(size_d)} ({100 * size_d / size_t:.0f}% of the target)")
-        if pair.kind == "draft" and size_d > 0.5 * size_t:
+        if kind == "draft" and size_d > 0.5 * size_t:
             add("speed", None, "a draft model over half the target's size rarely pays; check with `localflash bench`")
-        if pair.kind == "draft":
+        if kind == "draft":
             if drafter.arch == "dflash":
                 add("drafter arch", False, "a DFlash drafter in a pair of kind 'draft' (set kind = \"dflash\")")
             else:
@@ -147,7 +148,7 @@ def check_pair(pair: Pair) -> tuple[list[tuple[str, bool | None, str]], bool]:
                 add("vocabulary", True, f"{target.n_vocab} tokens, token texts match")
             except LocalflashError as e:
                 add("vocabulary", False, e.message)
-        elif pair.kind == "dflash":
+        elif kind == "dflash":
             add("drafter arch", drafter.arch == "dflash", f"{drafter.arch}" + ("" if drafter.arch == "dflash" else ", expected dflash"))
             add(
                 "layer inputs",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .errors import LocalflashError
 
-KINDS = ("dflash", "draft", "ngram", "none")
+KINDS = ("dflash", "draft", "ngram", "none", "dflash+ngram", "draft+ngram")
 SHIPPED = Path(__file__).resolve().with_name("models.toml")
 
 
@@ -94,7 +94,7 @@ def _pair(name: str, raw: dict, source: Path) -> Pair:
             drafter = cache_dir() / "derived" / f"{target.stem}.{derive}.gguf"
         else:
             drafter = resolve_path(drafter_spec, source)
-    if kind in ("dflash", "draft") and drafter is None:
+    if kind.removesuffix("+ngram") in ("dflash", "draft") and drafter is None:
         raise LocalflashError(f"{source}: pair {name!r} of kind {kind} needs a drafter")
     try:
         return Pair(
@@ -102,7 +102,7 @@ def _pair(name: str, raw: dict, source: Path) -> Pair:
             target=target,
             drafter=drafter,
             kind=kind,
-            draft_max=int(raw.get("draft_max", 15 if kind == "dflash" else 8)),
+            draft_max=int(raw.get("draft_max", 15 if kind.startswith("dflash") else 8)),
             ctx=int(raw.get("ctx", 4096)),
             thinking=bool(raw.get("thinking", False)),
             notes=str(raw.get("notes", "")),

@@ -11,7 +11,8 @@ from pathlib import Path
 from .errors import LocalflashError
 from .registry import Pair, get_pair
 
-SPECS = ("auto", "none", "dflash", "draft", "ngram")
+SPECS = ("auto", "none", "dflash", "draft", "ngram", "dflash+ngram", "draft+ngram")
+LOOKUP = "+ngram"  # a model drafter with prompt lookup tried first each cycle
 
 
 @dataclass
@@ -92,12 +93,14 @@ def open_engine(cfg: RunConfig, target=None):
     from .llama import Context, ContextOptions, Model, ModelOptions
     from .speculative.dflash import DFlashDrafter
     from .speculative.draft_model import DraftModelDrafter
-    from .speculative.drafter import NgramDrafter
+    from .speculative.drafter import LookupFirstDrafter, NgramDrafter
     from .speculative.loop import Engine
     from .plan import runtime_kwargs
 
-    drafter_path = ensure_drafter_file(cfg) if cfg.spec in ("auto", "dflash", "draft") else None
+    drafter_path = ensure_drafter_file(cfg) if cfg.spec.removesuffix(LOOKUP) in ("auto", "dflash", "draft") else None
     kind = drafter_kind(cfg, _arch_of(drafter_path))
+    lookup = kind.endswith(LOOKUP)
+    kind = kind.removesuffix(LOOKUP)
     if kind in ("dflash", "draft") and drafter_path is None:
         raise LocalflashError(f"--spec {kind} needs a drafter file", hint="pass --drafter PATH or use a pair")
     max_draft = {"dflash": 15, "draft": 8, "ngram": 8, "none": 0}[kind]
@@ -144,6 +147,8 @@ def open_engine(cfg: RunConfig, target=None):
         drafter = NgramDrafter(max_draft)
     else:
         drafter = None
+    if lookup:
+        drafter = LookupFirstDrafter(drafter)
     engine = Engine(target, ctx, drafter, adaptive=cfg.adaptive, draft_max=max_draft)
     engine.plan = plan
     return engine

@@ -10,7 +10,7 @@ from localflash.llama import Context, ContextOptions, Model
 from localflash.speculative import loop
 from localflash.speculative.dflash import DFlashDrafter
 from localflash.speculative.draft_model import DraftModelDrafter
-from localflash.speculative.drafter import NgramDrafter
+from localflash.speculative.drafter import LookupFirstDrafter, NgramDrafter
 from localflash.speculative.loop import Engine
 from localflash.speculative.sampling import SamplingParams
 from localflash.speculative.stats import Stats
@@ -105,6 +105,41 @@ def test_dflash_is_lossless(target, plain_outputs, tiny_dir):
 
     st = _check_all(target, plain_outputs, pick)
     assert all(s.drafted > 0 for s in st.values())  # random weights: (almost) always wrong, still lossless
+
+
+def test_dflash_with_lookup_first_is_lossless_and_keeps_the_drafter_in_step(target, plain_outputs, tiny_dflash):
+    """Prompt lookup drafts where it finds a match, DFlash elsewhere; the DFlash cache sees every committed row."""
+    made = []
+
+    def pick(i):
+        def make(ctx):
+            d = LookupFirstDrafter(DFlashDrafter(Model(tiny_dflash), target, ctx, N_CTX + 16, n_threads=1))
+            made.append(d)
+            return d
+        return "dflash+ngram", make, 15
+
+    st = _check_all(target, plain_outputs, pick, limit=20)["dflash+ngram"]
+    assert st.drafted > 0 and st.accepted > 0
+    assert sum(d.looked_up for d in made) > 0 and sum(d.modelled for d in made) > 0  # both sources drafted
+    # after a mix of lookup and DFlash cycles the drafter's features cover exactly the committed tokens
+    both = 0
+    for text in prompts(12):  # random weights rarely repeat: a few of these mix both sources
+        toks = target.tokenize(text)
+        ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_outputs_max=17, n_threads=1))
+        hybrid = LookupFirstDrafter(DFlashDrafter(Model(tiny_dflash), target, ctx, N_CTX + 16, n_threads=1))
+        engine = Engine(target, ctx, hybrid, adaptive=False)
+        out = [t for c in engine.generate(toks, 128) for t in c]
+        both += hybrid.looked_up > 0 and hybrid.modelled > 0
+        assert hybrid.model.n_injected == len(engine.tokens) == len(toks) + len(out) - 1
+        assert hybrid.model.ctx.pos_max() == len(engine.tokens) - 1
+        engine.close()
+    assert both > 0
+    # sampled: the same seed gives the plain sampler's text
+    for seed, text in enumerate(prompts(6, seed=5)):
+        toks = target.tokenize(text)
+        sp = SamplingParams(temperature=0.8, seed=seed)
+        make = lambda ctx: LookupFirstDrafter(DFlashDrafter(Model(tiny_dflash), target, ctx, N_CTX + 16, n_threads=1))  # noqa: E731
+        assert generate(target, toks, 48, make, sampling=sp)[0] == generate(target, toks, 48, sampling=sp)[0]
 
 
 class OracleDrafter(NgramDrafter):

@@ -101,3 +101,45 @@ class NgramDrafter(Drafter):
                 start = s + size
                 return list(history[start : min(start + k, total)])
         return []
+
+
+class LookupFirstDrafter(Drafter):
+    """Prompt lookup first; the model drafter only when the lookup finds no match.
+
+    Where the reply repeats its context (summaries, RAG answers, translations
+    that keep names, code edits) a 3–4-token suffix match is right most of the
+    time and costs no model pass; elsewhere the model drafts as usual. Every
+    engine event reaches both, so the model drafter's cache stays in step
+    whichever of them proposed. The target still decides every token.
+    """
+
+    def __init__(self, model: Drafter, lookup: NgramDrafter | None = None):
+        self.model = model
+        self.lookup = lookup or NgramDrafter(max_draft=model.max_draft)
+        self.name = f"{model.name}+ngram"
+        self.max_draft = model.max_draft
+        self.cost_grows_with_length = model.cost_grows_with_length
+        self.ctx_limit = model.ctx_limit
+        self.looked_up = 0  # cycles the lookup drafted
+        self.modelled = 0  # cycles the model drafted
+
+    def rollback(self, n_keep: int) -> None:
+        self.model.rollback(n_keep)
+
+    def on_target_decode(self, target_ctx, start_pos: int, n_committed: int) -> None:
+        self.model.on_target_decode(target_ctx, start_pos, n_committed)
+
+    def on_prompt(self, prompt: list[int]) -> None:
+        self.lookup.on_prompt(prompt)
+        self.model.on_prompt(prompt)
+
+    def propose(self, history: list[int], n_past: int, k: int) -> list[int]:
+        draft = self.lookup.propose(history, n_past, k)
+        if draft:
+            self.looked_up += 1
+            return draft
+        self.modelled += 1
+        return self.model.propose(history, n_past, k)
+
+    def close(self) -> None:
+        self.model.close()
