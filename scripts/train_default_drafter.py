@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from default_drafter_prompts import default_prompts  # noqa: E402
 
 STEPS = 4000  # 4 sequences x 32 anchors x 16 slots = 2048 block tokens each
+GAMMA = 1.0  # loss decay over block slots; the paper's 7 spreads a one-layer drafter too thin (see README)
 SWA_WINDOW = 32  # each target feature already summarises its own context; fewer keys learn faster
 PACKAGED = ROOT / "localflash" / "data" / "dflash-smollm2-135m-instruct.gguf"
 
@@ -78,7 +79,7 @@ def main() -> None:
         train_head=True,
         quant="Q8_0",
         eval_tokens=128,
-        train=TrainConfig(anchors=32, batch=4, epochs=0, steps=STEPS, lr=1.5e-3, warmup=0.02, clip=1.0, seed=0, ckpt_every=100),
+        train=TrainConfig(anchors=32, batch=4, epochs=0, steps=STEPS, lr=1.5e-3, gamma=GAMMA, warmup=0.02, clip=1.0, seed=0, ckpt_every=100),
     )
     report = run(cfg)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -103,6 +103,16 @@ def test_bench_detects_a_dflash_drafter_and_no_save_keeps_no_verdict(lf, tiny_ta
     assert not verdict_path().exists()
 
 
+def test_bench_runs_lookup_first_dflash_as_its_own_mode(lf, tiny_target, tiny_dflash, prompt_file, tmp_path):
+    out = tmp_path / "b.json"
+    r = lf("bench", "-m", tiny_target, "--drafter", tiny_dflash, "--modes", "dflash,dflash+ngram", "--prompts", prompt_file,
+           "--limit", "1", "-n", "12", "-t", "1", "--json", out, "--no-save")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["modes"] == ["none", "dflash", "dflash+ngram"]
+    assert rep["results"]["dflash+ngram"]["all"]["same_as_plain"] == 2
+
+
 def test_bench_json_to_stdout_is_pure_json(lf, tiny_target, prompt_file):
     r = lf("bench", "-m", tiny_target, "--prompts", prompt_file, "--limit", "1", "-n", "8", "-t", "1", "--json", "-", "--no-save")
     assert r.returncode == 0, r.stderr
@@ -148,6 +158,7 @@ def test_prompt_set_errors_are_one_clear_line(tmp_path, monkeypatch):
         (["--watts", "0"], "--watts must be positive"),
         (["--modes", "none,warp"], "unknown bench mode 'warp'"),
         (["--modes", "dflash"], "bench mode dflash needs a drafter"),
+        (["--modes", "dflash+ngram"], "bench mode dflash+ngram needs a drafter"),
         (["--limit", "-1"], "--limit must be 0 (all) or more"),
         (["--repeat", "0"], "--repeat must be in 1..100"),
         (["--prompts", "spec_bench", "-n", "0"], "--max-tokens must be at least 1"),

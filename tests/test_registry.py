@@ -80,6 +80,7 @@ def test_bad_toml_names_the_line(tmp_path):
         ('[pairs.p]\nkind = "ngram"\n', "pair 'p' has no target"),
         ('[pairs.p]\ntarget = "a.gguf"\nkind = "eagle"\n', "pair 'p' has kind 'eagle'"),
         ('[pairs.p]\ntarget = "a.gguf"\nkind = "dflash"\n', "pair 'p' of kind dflash needs a drafter"),
+        ('[pairs.p]\ntarget = "a.gguf"\nkind = "dflash+ngram"\n', "pair 'p' of kind dflash+ngram needs a drafter"),
         ('[pairs.p]\ntarget = "a.gguf"\nctx = "big"\n', "pair 'p': invalid literal"),
         ('[pairs]\np = "a.gguf"\n', "pair 'p' has no target"),
     ],
@@ -127,6 +128,11 @@ def _pairs(tmp_path, tiny_target, tiny_drafters, tiny_dflash, odd):
 target = "{tiny_target}"
 drafter = "{tiny_dflash}"
 kind = "dflash"
+
+[pairs.good-lookup]
+target = "{tiny_target}"
+drafter = "{tiny_dflash}"
+kind = "dflash+ngram"
 
 [pairs.good-draft]
 target = "{tiny_target}"
@@ -177,6 +183,8 @@ def test_models_check_good_and_bad_pairs(tmp_path, lf_env, tiny_target, tiny_dra
     assert rows["layer ids"] == (True, "[1, 2, 3] within 0..3")
     assert rows["fused width"] == (True, "fc takes 192; target gives 3 × 64 = 192")
     assert rows["vocabulary"][0] and rows["arch"] == (True, "llama: 4 layers, width 64, vocab 32000")
+    rows, ok = check("good-lookup")
+    assert ok and pairs["good-lookup"].draft_max == 15 and rows["layer ids"] == (True, "[1, 2, 3] within 0..3")
     rows, ok = check("good-draft")
     assert ok and rows["vocabulary"] == (True, "32000 tokens, token texts match") and "of the target" in rows["drafter"][1]
     rows, ok = check("good-derived")
