@@ -12,7 +12,7 @@ where it stopped when started again with the same --work-dir (the data of a
 shorter prompt list is reused: the list only grew at its end).
 
 On this project's 2-core machine: about an hour of CPU for the data (two
-single-thread workers; 169k response tokens) and 26 min for 4000 steps of
+single-thread workers; 169k response tokens) and 30 min for 4000 steps of
 training (bf16 autocast on a CPU with AMX/AVX512-BF16; fp32 elsewhere is
 slower).
 """
