@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .errors import LocalflashError
-from .registry import data_dir
+from .registry import base_kind, data_dir
 from .speculative.stats import Stats
 
 PROMPT_SETS = ("spec_bench", "humaneval")
@@ -329,7 +329,7 @@ def check_modes(modes: list[str], cfg) -> list[str]:
             continue
         if m not in MODES:
             raise LocalflashError(f"unknown bench mode {m!r}", hint=f"use a comma list of {', '.join(MODES)}")
-        if m.removesuffix("+ngram") in ("draft", "dflash") and cfg.drafter is None and not cfg.derive:
+        if base_kind(m) in ("draft", "dflash") and cfg.drafter is None and not cfg.derive:
             raise LocalflashError(f"bench mode {m} needs a drafter", hint="pass --drafter PATH or a pair that has one")
         out.append(m)
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import LocalflashError
-from .registry import Pair
+from .registry import Pair, base_kind
 
 
 def file_state(path: Path | None) -> dict:
@@ -122,7 +122,7 @@ def check_pair(pair: Pair) -> tuple[list[tuple[str, bool | None, str]], bool]:
         add("chat template", None, "none (prompts go in raw)")
 
     drafter = None
-    kind = pair.kind.removesuffix("+ngram")  # prompt lookup in front changes nothing checked here
+    kind = base_kind(pair.kind)  # prompt lookup in front changes nothing checked here
     if kind in ("ngram", "none"):
         add("drafter", None, "n-gram prompt lookup, no model" if pair.kind == "ngram" else "none: plain decoding")
     elif pair.drafter is not None and not pair.drafter.exists() and pair.derive:

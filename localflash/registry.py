@@ -11,6 +11,12 @@ from pathlib import Path
 from .errors import LocalflashError
 
 KINDS = ("dflash", "draft", "ngram", "none", "dflash+ngram", "draft+ngram")
+LOOKUP = "+ngram"  # suffix of a model drafter kind: prompt lookup is tried first each cycle
+
+
+def base_kind(kind: str) -> str:
+    """The drafter behind a kind or --spec: ``dflash+ngram`` -> ``dflash``."""
+    return kind.removesuffix(LOOKUP)
 SHIPPED = Path(__file__).resolve().with_name("models.toml")
 
 
@@ -94,7 +100,7 @@ def _pair(name: str, raw: dict, source: Path) -> Pair:
             drafter = cache_dir() / "derived" / f"{target.stem}.{derive}.gguf"
         else:
             drafter = resolve_path(drafter_spec, source)
-    if kind.removesuffix("+ngram") in ("dflash", "draft") and drafter is None:
+    if base_kind(kind) in ("dflash", "draft") and drafter is None:
         raise LocalflashError(f"{source}: pair {name!r} of kind {kind} needs a drafter")
     try:
         return Pair(
@@ -102,7 +108,7 @@ def _pair(name: str, raw: dict, source: Path) -> Pair:
             target=target,
             drafter=drafter,
             kind=kind,
-            draft_max=int(raw.get("draft_max", 15 if kind.startswith("dflash") else 8)),
+            draft_max=int(raw.get("draft_max", 15 if base_kind(kind) == "dflash" else 8)),
             ctx=int(raw.get("ctx", 4096)),
             thinking=bool(raw.get("thinking", False)),
             notes=str(raw.get("notes", "")),

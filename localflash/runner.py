@@ -9,10 +9,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import LocalflashError
-from .registry import Pair, get_pair
+from .registry import LOOKUP, Pair, base_kind, get_pair
 
 SPECS = ("auto", "none", "dflash", "draft", "ngram", "dflash+ngram", "draft+ngram")
-LOOKUP = "+ngram"  # a model drafter with prompt lookup tried first each cycle
 
 
 @dataclass
@@ -97,10 +96,10 @@ def open_engine(cfg: RunConfig, target=None):
     from .speculative.loop import Engine
     from .plan import runtime_kwargs
 
-    drafter_path = ensure_drafter_file(cfg) if cfg.spec.removesuffix(LOOKUP) in ("auto", "dflash", "draft") else None
+    drafter_path = ensure_drafter_file(cfg) if base_kind(cfg.spec) in ("auto", "dflash", "draft") else None
     kind = drafter_kind(cfg, _arch_of(drafter_path))
     lookup = kind.endswith(LOOKUP)
-    kind = kind.removesuffix(LOOKUP)
+    kind = base_kind(kind)
     if kind in ("dflash", "draft") and drafter_path is None:
         raise LocalflashError(f"--spec {kind} needs a drafter file", hint="pass --drafter PATH or use a pair")
     max_draft = {"dflash": 15, "draft": 8, "ngram": 8, "none": 0}[kind]
