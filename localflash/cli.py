@@ -389,6 +389,7 @@ def train_drafter(
     block_size: int = typer.Option(16, "--block-size", help="Block size B (drafts B-1 tokens per forward)."),
     draft_vocab: int = typer.Option(0, "--draft-vocab", help="Reduced draft vocabulary with its own head (0: the target's)."),
     sliding_window: int = typer.Option(0, "--sliding-window", help="Attend only the last W context positions in every layer (0: full)."),
+    full_layers: int = typer.Option(0, "--full-layers", help="With --sliding-window: the last N layers attend the whole context (lets the drafter copy from the prompt)."),
     embedding_scale: float = typer.Option(0.0, "--embedding-scale", help="Scale the block's token embeddings (0: off)."),
     train_head: bool = typer.Option(False, "--train-head", help="Train the reduced-vocabulary head (needs --draft-vocab)."),
     mask_token: int = typer.Option(-1, "--mask-token", help="Mask token id (-1: the target's, else an unused control token)."),
@@ -417,7 +418,7 @@ def train_drafter(
         target=Path(target).expanduser(), prompts=[Path(p).expanduser() for p in prompts], out=Path(out).expanduser(),
         work_dir=Path(work_dir).expanduser() if work_dir else None, thinking=thinking, max_prompts=max_prompts,
         max_new_tokens=max_new_tokens, holdout_every=holdout_every, workers=workers, threads=threads, layers=layers,
-        taps=taps, block_size=block_size, draft_vocab=draft_vocab, sliding_window=sliding_window, embedding_scale=embedding_scale, train_head=train_head, mask_token=mask_token, quant=quant,
+        taps=taps, block_size=block_size, draft_vocab=draft_vocab, sliding_window=sliding_window, full_layers=full_layers, embedding_scale=embedding_scale, train_head=train_head, mask_token=mask_token, quant=quant,
         hf_out=Path(hf_out).expanduser() if hf_out else None, eval_tokens=eval_tokens, fresh=fresh,
         train=TrainConfig(anchors=anchors, batch=batch, epochs=epochs, steps=steps, lr=lr, gamma=gamma, seed=seed, device=device),
     )

@@ -12,6 +12,7 @@ README's γ figures: NAME 1 s 32 800 32 1 0.1 1.5e-3 - GAMMA for GAMMA in 7, 2, 
 (and the two-layer one: NAME 2 sf 32 800 32 1 0.1 1.5e-3 - 1).
 """
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,6 +38,8 @@ store = FeatureStore(data)
 recs = sorted(store.records, key=lambda r: r.i)
 held = [r for j, r in enumerate(recs) if j % 13 == 0]
 train = [r for j, r in enumerate(recs) if j % 13 != 0]
+copy_repeat = int(os.environ.get("COPY_REPEAT", "1"))  # each copy-heavy training sequence this many times
+train = train + [r for r in train if r.i >= 869] * (copy_repeat - 1)
 ref = json.loads((data.parent / "report.json").read_text())["spec"]
 n_vocab = 49152
 counts = np.zeros(n_vocab, np.int64)

@@ -51,6 +51,8 @@ def _check_one_line(case: str, code: int, out: str, err: str, message: str) -> N
         ("incompatible pair", ["run", "-m", "{target}", "--drafter", "{renamed}", "--spec", "draft", "hi"], "different tokenizers"),
         ("prompt over context", ["run", "-m", "{target}", "-c", "256", "--raw", LONG], "but the context holds 256"),
         ("bad kv type", ["run", "-m", "{target}", "--kv", "q3", "hi"], "q3"),
+        ("full layers without a window", ["train-drafter", "--target", "{target}", "--prompts", "{target}", "--out", "{missing}",
+                                          "--full-layers", "1"], "needs --sliding-window"),
     ],
 )
 def test_file_mistakes_are_one_line(lf, bad_files, tiny_target, case, args, message):

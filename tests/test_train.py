@@ -13,6 +13,7 @@ import pytest
 import torch  # noqa: E402  (the train extra; `make install` installs it)
 
 from localflash import cli  # noqa: E402
+from localflash.convert import read_dflash_gguf  # noqa: E402
 from localflash.llama import Context, ContextOptions, Model  # noqa: E402
 from localflash.speculative.drafter import NgramDrafter  # noqa: E402
 from localflash.speculative.loop import Engine  # noqa: E402
@@ -213,7 +214,8 @@ def test_tiny_drafter_trains_loss_falls_and_resumes_exactly(store, target, tmp_p
 def test_train_drafter_cli_end_to_end(target, prompts_file, tmp_path, monkeypatch, capsys):
     out = tmp_path / "d.gguf"
     args = ["localflash", "train-drafter", "--target", str(target), "--prompts", str(prompts_file), "--out", str(out),
-            "--work-dir", str(tmp_path / "work"), "--max-new-tokens", "24", "--holdout-every", "10", "--layers", "1",
+            "--work-dir", str(tmp_path / "work"), "--max-new-tokens", "24", "--holdout-every", "10", "--layers", "2",
+            "--sliding-window", "4", "--full-layers", "1",
             "--taps", "1", "--draft-vocab", "400", "--steps", "6", "--anchors", "8", "--quant", "Q8_0", "--threads", "1",
             "--eval-tokens", "12"]
     monkeypatch.setattr(sys, "argv", args)
@@ -224,6 +226,8 @@ def test_train_drafter_cli_end_to_end(target, prompts_file, tmp_path, monkeypatc
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)
     d = Model(out)
     assert d.arch == "dflash" and d.mask_token() >= 0 and d.meta("dflash.block_size") == "16"
+    info, _ = read_dflash_gguf(out)
+    assert info.spec.swa_layers == [True, False] and info.spec.swa_window == 4  # sliding, then one full layer
     report = json.loads((tmp_path / "work" / "report.json").read_text())
     assert report["held_out"]["dflash"]["prompts"] == 2 and report["held_out"]["dflash"]["tau"] >= 1.0
     assert report["spec"]["target_layers"] == [3]  # one tap of a 4-layer target: layer 2's output, input of layer 3

@@ -47,7 +47,8 @@ class PipelineConfig:
     taps: int = 5
     block_size: int = 16
     draft_vocab: int = 0  # 0: the target's whole vocabulary (borrow its head)
-    sliding_window: int = 0  # > 0: every layer sliding (bidirectional in the block, as llama.cpp runs it)
+    sliding_window: int = 0  # > 0: sliding layers (bidirectional in the block, as llama.cpp runs it)
+    full_layers: int = 0  # with a sliding window: the last N layers attend the whole context (z-lab's layout)
     embedding_scale: float = 0.0  # > 0: scale the block embeddings (dflash.embedding_scale); small values learn faster
     train_head: bool = False  # with a reduced vocabulary: train the drafter's own head (initialised from the target's rows)
     mask_token: int = -1  # -1: the target's mask token, else an unused control token
@@ -135,6 +136,9 @@ def run(cfg: PipelineConfig, console=None) -> dict:
         raise LocalflashError(f"unknown --quant {cfg.quant!r}", hint=f"use one of {', '.join(QUANTS)}")
     if cfg.sliding_window and cfg.sliding_window < 2:
         raise LocalflashError(f"--sliding-window must be 0 (off) or at least 2, got {cfg.sliding_window}")
+    if not 0 <= cfg.full_layers <= cfg.layers or (cfg.full_layers and not cfg.sliding_window):
+        raise LocalflashError(f"--full-layers must be in 0..{cfg.layers} and needs --sliding-window, got {cfg.full_layers}",
+                              hint="without --sliding-window every layer already attends the whole context")
     if cfg.train_head and not 0 < cfg.draft_vocab < 10**9:
         raise LocalflashError("--train-head needs --draft-vocab: the full-vocabulary head is the target's own, shared")
     if cfg.block_size < 2:
@@ -189,7 +193,7 @@ def run(cfg: PipelineConfig, console=None) -> dict:
         rope_theta=shape["rope_theta"], seed=cfg.train.seed, n_ctx_train=cfg.max_prompt_tokens + cfg.max_new_tokens,
         key_length=shape["head_dim"] if shape["head_dim"] != shape["n_embd"] // shape["n_head"] else None,
         swa_window=cfg.sliding_window,
-        swa_layers=[True] * cfg.layers if cfg.sliding_window else None,
+        swa_layers=[i < cfg.layers - cfg.full_layers for i in range(cfg.layers)] if cfg.sliding_window else None,
         causal=False if cfg.sliding_window else None,  # written out: vLLM/SGLang would default SWA layers to causal
         embedding_scale=cfg.embedding_scale,
     )
@@ -220,7 +224,7 @@ def run(cfg: PipelineConfig, console=None) -> dict:
     trainer = Trainer(model, store, records, cfg.train, work, t2d)
     resumed = trainer.resume()
     n_params = sum(p.numel() for p in model.parameters())
-    con.print(f"[bold]3/5 training[/]: {cfg.layers} layers" + (f" (sliding window {cfg.sliding_window})" if cfg.sliding_window else "") + ", "
+    con.print(f"[bold]3/5 training[/]: {cfg.layers} layers" + (f" (sliding window {cfg.sliding_window}" + (f", the last {cfg.full_layers} full" if cfg.full_layers else "") + ")" if cfg.sliding_window else "") + ", "
               f"{n_params / 1e6:.1f}M trainable parameters, "
               f"{len(trainer.records)} sequences ({sum(r.n_response for r in records)} response tokens), {trainer.total} steps of "
               f"{cfg.train.batch} x {cfg.train.anchors} blocks on {trainer.device.type}"
