@@ -12,7 +12,7 @@ where it stopped when started again with the same --work-dir (the data of a
 shorter prompt list is reused: the list only grew at its end).
 
 On this project's 2-core machine: about an hour of CPU for the data (two
-single-thread workers; 169k response tokens) and 30 min for 4000 steps of
+single-thread workers; 169k response tokens) and 56 min for 4000 steps of
 training (bf16 autocast on a CPU with AMX/AVX512-BF16; fp32 elsewhere is
 slower).
 """
@@ -34,6 +34,8 @@ from default_drafter_prompts import default_prompts  # noqa: E402
 STEPS = 4000  # 4 sequences x 32 anchors x 16 slots = 2048 block tokens each
 GAMMA = 1.0  # loss decay over block slots; the paper's 7 spreads a one-layer drafter too thin (see README)
 SWA_WINDOW = 32  # each target feature already summarises its own context; fewer keys learn faster
+LAYERS = 2
+FULL_LAYERS = 1  # the last layer attends the whole prompt (z-lab's layout: sliding layers, then full)
 PACKAGED = ROOT / "localflash" / "data" / "dflash-smollm2-135m-instruct.gguf"
 
 
@@ -70,11 +72,12 @@ def main() -> None:
         holdout_every=40,
         workers=args.workers,
         threads=1,
-        layers=1,
+        layers=LAYERS,
         taps=5,
         block_size=16,
         draft_vocab=8192,
         sliding_window=SWA_WINDOW,
+        full_layers=FULL_LAYERS,
         embedding_scale=0.1,
         train_head=True,
         quant="Q8_0",
