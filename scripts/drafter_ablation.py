@@ -4,6 +4,7 @@
         [ANCHORS=32] [TRAIN_HEAD=1] [EMB_SCALE=0.1] [LR=1.5e-3] [DATA_DIR|-] [GAMMA=0 (paper's)]
 
 PATTERN: one letter per layer, s = sliding (WINDOW tokens), f = full attention.
+COPY_REPEAT=K in the environment repeats each copy-heavy training sequence K times.
 Needs the data of scripts/train_default_drafter.py (its --work-dir/data). Trains
 on 12 of every 13 cached sequences, then prints one JSON line: block τ and
 loss on the held 13th (all of them, and the copy-heavy ones) and on as many
