@@ -389,7 +389,7 @@ def train_drafter(
     block_size: int = typer.Option(16, "--block-size", help="Block size B (drafts B-1 tokens per forward)."),
     draft_vocab: int = typer.Option(0, "--draft-vocab", help="Reduced draft vocabulary with its own head (0: the target's)."),
     sliding_window: int = typer.Option(0, "--sliding-window", help="Attend only the last W context positions in every layer (0: full)."),
-    full_layers: int = typer.Option(0, "--full-layers", help="With --sliding-window: the last N layers attend the whole context (lets the drafter copy from the prompt)."),
+    full_layers: int = typer.Option(0, "--full-layers", help="With --sliding-window: the last N layers attend the whole context, prompt included."),
     embedding_scale: float = typer.Option(0.0, "--embedding-scale", help="Scale the block's token embeddings (0: off)."),
     train_head: bool = typer.Option(False, "--train-head", help="Train the reduced-vocabulary head (needs --draft-vocab)."),
     mask_token: int = typer.Option(-1, "--mask-token", help="Mask token id (-1: the target's, else an unused control token)."),

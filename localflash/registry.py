@@ -12,12 +12,12 @@ from .errors import LocalflashError
 
 KINDS = ("dflash", "draft", "ngram", "none", "dflash+ngram", "draft+ngram")
 LOOKUP = "+ngram"  # suffix of a model drafter kind: prompt lookup is tried first each cycle
+SHIPPED = Path(__file__).resolve().with_name("models.toml")
 
 
 def base_kind(kind: str) -> str:
     """The drafter behind a kind or --spec: ``dflash+ngram`` -> ``dflash``."""
     return kind.removesuffix(LOOKUP)
-SHIPPED = Path(__file__).resolve().with_name("models.toml")
 
 
 def cache_dir() -> Path:

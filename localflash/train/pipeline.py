@@ -224,7 +224,8 @@ def run(cfg: PipelineConfig, console=None) -> dict:
     trainer = Trainer(model, store, records, cfg.train, work, t2d)
     resumed = trainer.resume()
     n_params = sum(p.numel() for p in model.parameters())
-    con.print(f"[bold]3/5 training[/]: {cfg.layers} layers" + (f" (sliding window {cfg.sliding_window}" + (f", the last {cfg.full_layers} full" if cfg.full_layers else "") + ")" if cfg.sliding_window else "") + ", "
+    window = f" (sliding window {cfg.sliding_window}{f', the last {cfg.full_layers} full' if cfg.full_layers else ''})" if cfg.sliding_window else ""
+    con.print(f"[bold]3/5 training[/]: {cfg.layers} layers{window}, "
               f"{n_params / 1e6:.1f}M trainable parameters, "
               f"{len(trainer.records)} sequences ({sum(r.n_response for r in records)} response tokens), {trainer.total} steps of "
               f"{cfg.train.batch} x {cfg.train.anchors} blocks on {trainer.device.type}"
