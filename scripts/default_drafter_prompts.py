@@ -337,10 +337,45 @@ def copy_prompts() -> list[str]:
     return mixed
 
 
+# -- verbatim copies: the response is (mostly) the prompt's passage again ---------------
+N_REPEAT = 320
+GSM8K_REPEAT_FROM = 4000  # GSM8K train rows used as passages to repeat (after the stories' rows)
+REPEAT = [
+    "Repeat the following text exactly:\n\n{t}",
+    "Fix the grammar of this text and return it:\n\n{t}",
+    "Copy this passage, then add one sentence at the end:\n\n{t}",
+    "Rewrite this text in plain English:\n\n{t}",
+]
+
+
+def _reference_paragraphs(lo: int = 300, hi: int = 900) -> list[str]:
+    """Prose paragraphs of the Python language reference that ships with the standard library (pydoc_data)."""
+    from pydoc_data.topics import topics
+
+    out = []
+    for name in sorted(topics):
+        for para in re.split(r"\n\s*\n", topics[name]):
+            para = " ".join(para.split())
+            if lo <= len(para) <= hi and para[0].isupper() and para.count("::=") == 0 and para.count(">>>") == 0:
+                out.append(para)
+    return out
+
+
+def repeat_prompts() -> list[str]:
+    """Passages to repeat, correct or lightly rewrite: the target copies long spans, so the drafter sees copying."""
+    rows = GSM8K.read_text(encoding="utf-8").splitlines()[GSM8K_REPEAT_FROM : GSM8K_REPEAT_FROM + 3 * N_REPEAT]
+    qs = [json.loads(r)["question"].strip() for r in rows]
+    stories = [" ".join(qs[j : j + 3]) for j in range(0, len(qs) - 2, 3)]
+    paras = _reference_paragraphs()
+    passages = list(dict.fromkeys(x for pair in zip(paras, stories) for x in pair))[:N_REPEAT]  # some repeat
+    return [REPEAT[j % len(REPEAT)].format(t=t) for j, t in enumerate(passages)]
+
+
 def default_prompts() -> list[str]:
     """The default drafter's prompt list: the first N_FIRST_RUN mixed prompts (the first data run),
     then the rest of the built (non-GSM8K) prompts, then the copy-heavy ones. It only grows at its
-    end, so cached data of a shorter list stays valid."""
+    end, so cached data of a shorter list stays valid. The shipped drafter does not use
+    ``repeat_prompts()`` (``train_default_drafter.py --with-repeats`` appends them; see README)."""
     mixed = mixed_prompts()
     gsm = set(_gsm8k(N_GSM8K))
     return mixed[:N_FIRST_RUN] + [p for p in mixed[N_FIRST_RUN:] if p not in gsm] + copy_prompts()

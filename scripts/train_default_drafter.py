@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from default_drafter_prompts import default_prompts  # noqa: E402
+from default_drafter_prompts import default_prompts, repeat_prompts  # noqa: E402
 
 STEPS = 4000  # 4 sequences x 32 anchors x 16 slots = 2048 block tokens each
 GAMMA = 1.0  # loss decay over block slots; the paper's 7 spreads a one-layer drafter too thin (see README)
@@ -55,12 +55,16 @@ def main() -> None:
     ap.add_argument("--work-dir", type=Path, default=cache_dir() / "train" / "smollm2-default")
     ap.add_argument("--out", type=Path, default=PACKAGED)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--with-repeats", action="store_true",
+                    help="append the 320 verbatim-copy prompts (an experiment; the shipped drafter is trained without "
+                         "them); give it a --work-dir of its own: a checkpoint of the other list is refused")
     args = ap.parse_args()
 
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
     prompts = work / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in default_prompts()), encoding="utf-8")
+    plist = default_prompts() + (repeat_prompts() if args.with_repeats else [])
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in plist), encoding="utf-8")
     cfg = PipelineConfig(
         target=smollm2(),
         prompts=[prompts],
