@@ -367,7 +367,7 @@ def repeat_prompts() -> list[str]:
     qs = [json.loads(r)["question"].strip() for r in rows]
     stories = [" ".join(qs[j : j + 3]) for j in range(0, len(qs) - 2, 3)]
     paras = _reference_paragraphs()
-    passages = list(dict.fromkeys(x for pair in zip(paras, stories) for x in pair))[:N_REPEAT]  # some repeat
+    passages = list(dict.fromkeys(x for pair in zip(paras, stories) for x in pair))[:N_REPEAT]  # a few occur twice
     return [REPEAT[j % len(REPEAT)].format(t=t) for j, t in enumerate(passages)]
 
 

@@ -52,15 +52,15 @@ def main() -> None:
     from localflash.train.trainer import TrainConfig
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work-dir", type=Path, default=cache_dir() / "train" / "smollm2-default")
-    ap.add_argument("--out", type=Path, default=PACKAGED)
+    ap.add_argument("--work-dir", type=Path, help="default: smollm2-default (smollm2-repeats) in the cache")
+    ap.add_argument("--out", type=Path, help="default: the packaged drafter (with --with-repeats: only the work dir's)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--with-repeats", action="store_true",
-                    help="append the 320 verbatim-copy prompts (an experiment; the shipped drafter is trained without "
-                         "them); give it a --work-dir of its own: a checkpoint of the other list is refused")
+                    help="append the 320 verbatim-copy prompts (an experiment; the shipped drafter is trained without them)")
     args = ap.parse_args()
 
-    work = args.work_dir
+    work = args.work_dir or cache_dir() / "train" / ("smollm2-repeats" if args.with_repeats else "smollm2-default")
+    out = args.out or (None if args.with_repeats else PACKAGED)
     work.mkdir(parents=True, exist_ok=True)
     prompts = work / "prompts.jsonl"
     plist = default_prompts() + (repeat_prompts() if args.with_repeats else [])
@@ -89,9 +89,10 @@ def main() -> None:
         train=TrainConfig(anchors=32, batch=4, epochs=0, steps=STEPS, lr=1.5e-3, gamma=GAMMA, warmup=0.02, clip=1.0, seed=0, ckpt_every=100),
     )
     report = run(cfg)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(report["drafter"], args.out)
-    print(args.out)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(report["drafter"], out)
+    print(out or report["drafter"])
 
 
 if __name__ == "__main__":
