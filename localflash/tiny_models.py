@@ -7,7 +7,9 @@ with the target more or less often (0 noise: always, 0.6: rarely).
 
 Architectures: ``llama`` and ``qwen3`` targets (both export layer inputs, so
 DFlash can tap them) and ``dflash`` drafters whose tensors and keys follow
-``src/models/dflash.cpp`` of the vendored llama.cpp.
+``src/models/dflash.cpp`` of the vendored llama.cpp; ``qwen35`` and
+``qwen3next`` hybrids (Gated-DeltaNet + full attention, optionally with an
+MTP "nextn" block) by :func:`write_hybrid`.
 """
 
 from __future__ import annotations
@@ -335,3 +337,136 @@ def _finish(w: GGUFWriter) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+@dataclass
+class HybridSpec:
+    """A tiny Gated-DeltaNet hybrid: ``qwen35`` (dense) or ``qwen3next`` (MoE FFN).
+
+    Every ``full_attention_interval``-th block is full attention, the others are
+    linear attention (llama.cpp: ``(il + 1) % interval != 0`` is recurrent).
+    ``n_nextn`` > 0 appends MTP ("nextn") blocks after the trunk, as the real
+    Qwen3.5/3.6 GGUFs do (``blk.{n_layer}.nextn.*``, ``<arch>.nextn_predict_layers``).
+    """
+
+    arch: str = "qwen35"
+    n_embd: int = 64
+    n_layer: int = 6
+    full_attention_interval: int = 3
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 32
+    n_rot: int = 8  # partial rotary (Qwen3.5: a quarter of head_dim)
+    linear_k_heads: int = 2
+    linear_v_heads: int = 4
+    linear_head_dim: int = 16
+    conv_kernel: int = 4
+    n_ff: int = 128
+    n_nextn: int = 0
+    n_expert: int = 4  # qwen3next only
+    n_expert_used: int = 2
+    n_ff_exp: int = 32
+    n_ctx_train: int = 4096
+    seed: int = 0
+    noise: float = 0.0
+    layer_scale: float = 0.05
+
+    def recurrent(self, il: int) -> bool:
+        return il < self.n_layer and (il + 1) % self.full_attention_interval != 0
+
+
+def write_hybrid(path: str | Path, spec: HybridSpec | None = None, **kw) -> Path:
+    """Write a tiny ``qwen35`` / ``qwen3next`` model with random F32 weights (tensors as in ``src/models/<arch>.cpp``)."""
+    spec = spec or HybridSpec(**kw)
+    a = spec.arch
+    if a not in ("qwen35", "qwen3next"):
+        raise ValueError(f"tiny hybrids are qwen35 or qwen3next, not {a}")
+    path = Path(path)
+    w = GGUFWriter(str(path), a)
+    w.add_name(f"tiny-{a}-{spec.n_embd}x{spec.n_layer}{f'-mtp{spec.n_nextn}' if spec.n_nextn else ''}-s{spec.seed}")
+    n_vocab = copy_tokenizer(w, vocab_path())
+    w.add_string("tokenizer.chat_template", CHATML_TEMPLATE)
+    w.add_context_length(spec.n_ctx_train)
+    w.add_embedding_length(spec.n_embd)
+    w.add_block_count(spec.n_layer + spec.n_nextn)
+    if spec.n_nextn:
+        w.add_uint32(f"{a}.nextn_predict_layers", spec.n_nextn)
+    w.add_feed_forward_length(spec.n_ff)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_head_kv)
+    w.add_key_length(spec.head_dim)
+    w.add_value_length(spec.head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1e7)
+    w.add_rope_dimension_count(spec.n_rot)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(0)
+    w.add_uint32(f"{a}.full_attention_interval", spec.full_attention_interval)
+    w.add_uint32(f"{a}.ssm.conv_kernel", spec.conv_kernel)
+    w.add_uint32(f"{a}.ssm.state_size", spec.linear_head_dim)
+    w.add_uint32(f"{a}.ssm.group_count", spec.linear_k_heads)
+    w.add_uint32(f"{a}.ssm.time_step_rank", spec.linear_v_heads)
+    w.add_uint32(f"{a}.ssm.inner_size", spec.linear_head_dim * spec.linear_v_heads)
+    if a == "qwen35":  # interleaved M-RoPE; the sections count rotary pairs
+        half = spec.n_rot // 2
+        w.add_array(f"{a}.rope.dimension_sections", [half - 2 * (half // 3), half // 3, half // 3, 0])
+    else:
+        w.add_uint32(f"{a}.expert_count", spec.n_expert)
+        w.add_uint32(f"{a}.expert_used_count", spec.n_expert_used)
+        w.add_uint32(f"{a}.expert_feed_forward_length", spec.n_ff_exp)
+        w.add_uint32(f"{a}.expert_shared_feed_forward_length", spec.n_ff)
+
+    rand = _Weights(spec.seed, spec.noise)
+    d, hd, s = spec.n_embd, spec.head_dim, spec.layer_scale
+    ones = lambda n: np.ones(n, np.float32)  # noqa: E731
+    w.add_tensor("token_embd.weight", rand((n_vocab, d), 1.0))
+    w.add_tensor("output_norm.weight", ones(d))
+    w.add_tensor("output.weight", rand((n_vocab, d), 0.5))
+    key_dim = spec.linear_head_dim * spec.linear_k_heads
+    value_dim = spec.linear_head_dim * spec.linear_v_heads
+    conv_dim = 2 * key_dim + value_dim
+    for il in range(spec.n_layer + spec.n_nextn):
+        b = f"blk.{il}."
+        w.add_tensor(b + "attn_norm.weight", ones(d))
+        w.add_tensor(b + "post_attention_norm.weight", ones(d))
+        if spec.recurrent(il):
+            w.add_tensor(b + "attn_qkv.weight", rand((conv_dim, d), s))
+            w.add_tensor(b + "attn_gate.weight", rand((value_dim, d), s))
+            w.add_tensor(b + "ssm_conv1d.weight", rand((conv_dim, spec.conv_kernel), 0.5))
+            w.add_tensor(b + "ssm_dt.bias", rand((spec.linear_v_heads,), 0.5))
+            w.add_tensor(b + "ssm_a", -np.exp(rand((spec.linear_v_heads,), 0.5)))  # -exp(A_log)
+            if a == "qwen35":
+                w.add_tensor(b + "ssm_beta.weight", rand((spec.linear_v_heads, d), s))
+                w.add_tensor(b + "ssm_alpha.weight", rand((spec.linear_v_heads, d), s))
+            else:
+                w.add_tensor(b + "ssm_ba.weight", rand((2 * spec.linear_v_heads, d), s))
+            w.add_tensor(b + "ssm_norm.weight", ones(spec.linear_head_dim))
+            w.add_tensor(b + "ssm_out.weight", rand((d, value_dim), s))
+        else:  # full attention; the query projection also yields the output gate
+            w.add_tensor(b + "attn_q.weight", rand((2 * spec.n_head * hd, d), s))
+            w.add_tensor(b + "attn_k.weight", rand((spec.n_head_kv * hd, d), s))
+            w.add_tensor(b + "attn_v.weight", rand((spec.n_head_kv * hd, d), s))
+            w.add_tensor(b + "attn_output.weight", rand((d, spec.n_head * hd), s))
+            w.add_tensor(b + "attn_q_norm.weight", ones(hd))
+            w.add_tensor(b + "attn_k_norm.weight", ones(hd))
+        if a == "qwen35":
+            w.add_tensor(b + "ffn_gate.weight", rand((spec.n_ff, d), s))
+            w.add_tensor(b + "ffn_up.weight", rand((spec.n_ff, d), s))
+            w.add_tensor(b + "ffn_down.weight", rand((d, spec.n_ff), s))
+        else:
+            e, fe = spec.n_expert, spec.n_ff_exp
+            w.add_tensor(b + "ffn_gate_inp.weight", rand((e, d), s))
+            w.add_tensor(b + "ffn_gate_exps.weight", rand((e, fe, d), s))
+            w.add_tensor(b + "ffn_up_exps.weight", rand((e, fe, d), s))
+            w.add_tensor(b + "ffn_down_exps.weight", rand((e, d, fe), s))
+            w.add_tensor(b + "ffn_gate_inp_shexp.weight", rand((d,), s))
+            w.add_tensor(b + "ffn_gate_shexp.weight", rand((spec.n_ff, d), s))
+            w.add_tensor(b + "ffn_up_shexp.weight", rand((spec.n_ff, d), s))
+            w.add_tensor(b + "ffn_down_shexp.weight", rand((d, spec.n_ff), s))
+        if il >= spec.n_layer:  # MTP block: embedding and hidden state joined by eh_proj
+            w.add_tensor(b + "nextn.eh_proj.weight", rand((d, 2 * d), 1.0 / np.sqrt(2 * d)))
+            w.add_tensor(b + "nextn.enorm.weight", ones(d))
+            w.add_tensor(b + "nextn.hnorm.weight", ones(d))
+            w.add_tensor(b + "nextn.shared_head_norm.weight", ones(d))
+    _finish(w)
+    return path

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from localflash.tiny_models import DFlashSpec, TinySpec, write_dflash, write_target
+from localflash.tiny_models import DFlashSpec, HybridSpec, TinySpec, write_dflash, write_hybrid, write_target
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +40,40 @@ def tiny_drafters(tiny_dir) -> dict[str, Path]:
 def tiny_dflash(tiny_dir) -> Path:
     """A random DFlash drafter for ``tiny_target`` tapping layer inputs 1..3."""
     return write_dflash(tiny_dir / "dflash.gguf", DFlashSpec(target_layers=[1, 2, 3], block_size=16))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen35(tiny_dir) -> Path:
+    """6-block qwen35 hybrid (Gated-DeltaNet 0,1,3,4; full attention 2,5), d=64, SPM vocab, ChatML."""
+    return write_hybrid(tiny_dir / "qwen35.gguf", HybridSpec(seed=3))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen35_mtp(tiny_dir) -> Path:
+    """``tiny_qwen35`` (the same trunk weights) plus one MTP/nextn block (blk.6.nextn.*)."""
+    return write_hybrid(tiny_dir / "qwen35-mtp.gguf", HybridSpec(seed=3, n_nextn=1))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen35_drafters(tiny_dir) -> dict[str, Path]:
+    """qwen35 draft models of ``tiny_qwen35``'s vocab: same weights, a little noise, a lot of noise."""
+    return {
+        "same": write_hybrid(tiny_dir / "qwen35-draft-same.gguf", HybridSpec(seed=3)),
+        "near": write_hybrid(tiny_dir / "qwen35-draft-near.gguf", HybridSpec(seed=3, noise=0.1)),
+        "far": write_hybrid(tiny_dir / "qwen35-draft-far.gguf", HybridSpec(seed=3, n_layer=3, noise=0.6)),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen35_dflash(tiny_dir) -> Path:
+    """A random DFlash drafter over ``tiny_qwen35``'s layer inputs 1, 3 and 5."""
+    return write_dflash(tiny_dir / "qwen35-dflash.gguf", DFlashSpec(target_layers=[1, 3, 5], block_size=16, seed=5))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3next(tiny_dir) -> Path:
+    """6-block qwen3next (MoE FFN, no snapshot rollback in llama.cpp: checkpoint + replay)."""
+    return write_hybrid(tiny_dir / "qwen3next.gguf", HybridSpec(arch="qwen3next", seed=4))
 
 
 @pytest.fixture(scope="session")
