@@ -41,21 +41,24 @@ class BenchPrompt:
     text: str  # the user message (chat) or the raw prompt
 
 
-def shared_data_dir() -> Path:
-    """``<repo>/../shared/data`` (or ``$LOCALFLASH_DATA``): where the prompt sets live."""
-    env = os.environ.get("LOCALFLASH_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+PROMPT_SET_FILES = {"spec_bench": "spec_bench.jsonl.gz", "humaneval": "humaneval.jsonl.gz"}
 
 
-def _shared_file(name: str) -> Path:
-    path = shared_data_dir() / name
+def prompt_set_file(name: str) -> Path:
+    """The packaged file of a named prompt set (``localflash/data``; licences in ``data/licenses``)."""
+    path = Path(__file__).resolve().parent / "data" / PROMPT_SET_FILES[name]
     if not path.is_file():
         raise LocalflashError(
             f"prompt set file not found: {path}",
-            hint="the named sets live in shared/data next to the repository (or $LOCALFLASH_DATA); "
-            "pass your own with --prompts FILE.jsonl",
+            hint="the named sets ship with localflash: reinstall it (pip install -e .), "
+            "or pass your own with --prompts FILE.jsonl",
         )
     return path
+
+
+def prompt_set_rows(name: str) -> list[dict]:
+    """The rows of a named prompt set, as in its upstream JSONL (for scripts)."""
+    return [row for _, row in _jsonl_rows(prompt_set_file(name))]
 
 
 def _jsonl_rows(path: Path):
@@ -96,11 +99,11 @@ def load_prompts(spec: str, limit: int | None = None) -> tuple[str, list[BenchPr
     """
     prompts: list[BenchPrompt] = []
     if spec == "spec_bench":
-        for lineno, row in _jsonl_rows(_shared_file("spec_bench.jsonl")):
+        for lineno, row in _jsonl_rows(prompt_set_file("spec_bench")):
             prompts.append(BenchPrompt(str(row.get("question_id", lineno)), row.get("category", "spec_bench"), row["turns"][0]))
         name = "spec_bench"
     elif spec == "humaneval":
-        for lineno, row in _jsonl_rows(_shared_file("humaneval.jsonl.gz")):
+        for lineno, row in _jsonl_rows(prompt_set_file("humaneval")):
             prompts.append(BenchPrompt(row.get("task_id", str(lineno)), "humaneval", HUMANEVAL_INSTRUCTION.format(prompt=row["prompt"])))
         name = "humaneval"
     else:

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from .cli_options import DRAFT_MAX, DRAFTER, MAX_TOKENS, MODEL, PAIR, RAW, SYSTEM, LoadFlags, SamplingFlags, shared_options, use
 from .errors import LocalflashError
 
 app = typer.Typer(
@@ -36,50 +37,26 @@ def fail(message: str, hint: str | None = None, code: int = 1):
     raise typer.Exit(code)
 
 
-def sampling_from(temp: float, top_k: int, top_p: float, min_p: float, seed: Optional[int]):
-    from .speculative.sampling import SamplingParams
-
-    return SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-
-
 @app.command()
+@shared_options
 def run(
     prompt: str = typer.Argument(..., help="The prompt (use - to read it from stdin)."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Target GGUF file."),
-    pair: Optional[str] = typer.Option(None, "--pair", "-p", help="A pair from models.toml."),
-    drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter GGUF (DFlash or a small model)."),
-    spec: str = typer.Option("auto", "--spec", help="auto | none | dflash | draft | ngram; dflash+ngram / draft+ngram try prompt lookup first."),
-    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per cycle."),
-    fixed: bool = typer.Option(False, "--fixed", help="Always draft --draft-max tokens (no adaptive length)."),
-    max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Tokens to generate."),
-    ctx: Optional[int] = typer.Option(None, "--ctx", "-c", help="Context size in tokens."),
-    temp: float = typer.Option(0.0, "--temp", help="Temperature; 0 is greedy."),
-    top_k: int = typer.Option(40, "--top-k"),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    min_p: float = typer.Option(0.0, "--min-p"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    raw: bool = typer.Option(False, "--raw", help="Send the prompt as is, without the chat template."),
-    system: Optional[str] = typer.Option(None, "--system", help="System prompt (chat template only)."),
-    threads: int = typer.Option(0, "--threads", "-t", help="CPU threads (0: automatic)."),
-    n_gpu_layers: int = typer.Option(-1, "--n-gpu-layers", "-ngl", help="Target layers on the GPU (-1: all)."),
-    kv: Optional[str] = typer.Option(None, "--kv", help="KV cache type: f16, q8_0, q4_0."),
+    load: LoadFlags = use(),
+    max_tokens: int = MAX_TOKENS.option(256),
+    sampling: SamplingFlags = use(),
+    raw: bool = RAW.option(),
+    system: Optional[str] = SYSTEM.option(),
     json_out: bool = typer.Option(False, "--json", help="Print the statistics as JSON on stderr at the end."),
 ):
     """Generate text from a prompt; text on stdout, the summary on stderr."""
     from .prompt import TextStream, render_chat, tokenize_prompt
-    from .runner import config_from, open_engine
+    from .runner import open_engine
     from .speculative.stats import Stats
 
-    if max_tokens < 1:
-        fail(f"--max-tokens must be at least 1, got {max_tokens}")
     if prompt == "-":
         prompt = sys.stdin.read()
-    sampling = sampling_from(temp, top_k, top_p, min_p, seed)
-    cfg = config_from(
-        pair, model, drafter, spec=spec, draft_max=draft_max, ctx=ctx, threads=threads,
-        n_gpu_layers=n_gpu_layers, kv=kv, adaptive=not fixed,
-    )
-    engine = open_engine(cfg)
+    params = sampling.params()
+    engine = open_engine(load.config())
     try:
         target = engine.target
         if raw or not target.chat_template():
@@ -90,7 +67,7 @@ def run(
         stream = TextStream(target)
         stats = Stats()
         out = sys.stdout
-        for new in engine.generate(tokens, max_tokens, sampling, stats):
+        for new in engine.generate(tokens, max_tokens, params, stats):
             out.write(stream.push(new))
             out.flush()
         out.write(stream.flush() + "\n")
@@ -105,42 +82,25 @@ def run(
 
 
 @app.command()
+@shared_options
 def chat(
-    pair: Optional[str] = typer.Option(None, "--pair", "-p", help="A pair from models.toml."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Target GGUF file."),
-    drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter GGUF (DFlash or a small model)."),
-    spec: str = typer.Option("auto", "--spec", help="auto | none | dflash | draft | ngram; dflash+ngram / draft+ngram try prompt lookup first."),
+    load: LoadFlags = use(),
     draft: str = typer.Option("auto", "--draft", help="on | off | auto (per phase, where drafting pays)."),
-    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per cycle."),
-    fixed: bool = typer.Option(False, "--fixed", help="Always draft --draft-max tokens (no adaptive length)."),
-    max_tokens: int = typer.Option(1024, "--max-tokens", "-n", help="Longest reply in tokens."),
-    ctx: Optional[int] = typer.Option(None, "--ctx", "-c", help="Context size in tokens."),
-    temp: float = typer.Option(0.8, "--temp", help="Temperature; 0 is greedy."),
-    top_k: int = typer.Option(40, "--top-k"),
-    top_p: float = typer.Option(0.95, "--top-p"),
-    min_p: float = typer.Option(0.05, "--min-p"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    system: Optional[str] = typer.Option(None, "--system", "-s", help="System prompt."),
+    max_tokens: int = MAX_TOKENS.option(1024),
+    sampling: SamplingFlags = use(temp=0.8, top_p=0.95, min_p=0.05),
+    system: Optional[str] = SYSTEM.option(),
     think: Optional[bool] = typer.Option(None, "--think/--no-think", help="Thinking on/off (templates that have the switch)."),
-    threads: int = typer.Option(0, "--threads", "-t", help="CPU threads (0: automatic)."),
-    n_gpu_layers: int = typer.Option(-1, "--n-gpu-layers", "-ngl", help="Target layers on the GPU (-1: all)."),
-    kv: Optional[str] = typer.Option(None, "--kv", help="KV cache type: f16, q8_0, q4_0."),
     plain: bool = typer.Option(False, "--plain", help="No live status line, even on a terminal."),
 ):
     """Chat with a model: streamed replies, live tok/s and acceptance, slash commands (/help)."""
     from .bench import load_verdict, pair_key, rig_info
     from .chat import ChatSession, LiveUI, PlainUI
-    from .runner import config_from, open_engine
+    from .runner import open_engine
 
-    if max_tokens < 1:
-        fail(f"--max-tokens must be at least 1, got {max_tokens}")
     if draft not in ("on", "off", "auto"):
         fail(f"--draft must be on, off or auto, got {draft!r}")
-    sampling = sampling_from(temp, top_k, top_p, min_p, seed)
-    cfg = config_from(
-        pair, model, drafter, spec=spec, draft_max=draft_max, ctx=ctx, threads=threads,
-        n_gpu_layers=n_gpu_layers, kv=kv, adaptive=not fixed,
-    )
+    params = sampling.params()
+    cfg = load.config()
     engine = open_engine(cfg)
     try:
         verdict = None
@@ -149,7 +109,7 @@ def chat(
             verdict = (found or {}).get("modes", {}).get(engine.drafter.name)
         live = not plain and sys.stdin.isatty() and sys.stdout.isatty()
         session = ChatSession(
-            engine, LiveUI() if live else PlainUI(), sampling, max_tokens=max_tokens, system=system,
+            engine, LiveUI() if live else PlainUI(), params, max_tokens=max_tokens, system=system,
             thinking=think, draft_mode=draft, verdict=verdict,
             info={"pair": cfg.pair, "target": str(cfg.target), "drafter": str(cfg.drafter) if cfg.drafter else None},
         )
@@ -159,27 +119,16 @@ def chat(
 
 
 @app.command()
+@shared_options
 def bench(
-    pair: Optional[str] = typer.Option(None, "--pair", "-p", help="A pair from models.toml."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Target GGUF file."),
-    drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter GGUF (DFlash or a small model)."),
+    load: LoadFlags = use(skip=("spec",)),
     modes: Optional[str] = typer.Option(None, "--modes", help="Comma list of none, ngram, draft, dflash, dflash+ngram, draft+ngram, or 'all' (default: plain + the pair's kind)."),
     prompts: str = typer.Option("spec_bench", "--prompts", help="spec_bench | humaneval | FILE.jsonl."),
     limit: int = typer.Option(3, "--limit", help="Prompts per category (0: all)."),
-    max_tokens: int = typer.Option(128, "--max-tokens", "-n", help="Tokens generated per prompt."),
+    max_tokens: int = MAX_TOKENS.option(128),
     repeat: int = typer.Option(1, "--repeat", help="Runs per prompt and mode; the fastest counts (rejects interference)."),
-    ctx: Optional[int] = typer.Option(None, "--ctx", "-c", help="Context size (default: what the longest prompt needs)."),
-    temp: float = typer.Option(0.0, "--temp", help="Temperature; 0 is greedy."),
-    top_k: int = typer.Option(40, "--top-k"),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    min_p: float = typer.Option(0.0, "--min-p"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per cycle."),
-    fixed: bool = typer.Option(False, "--fixed", help="Always draft --draft-max tokens (no adaptive length)."),
-    raw: bool = typer.Option(False, "--raw", help="Send prompts as is, without the chat template."),
-    threads: int = typer.Option(0, "--threads", "-t", help="CPU threads (0: automatic)."),
-    n_gpu_layers: int = typer.Option(-1, "--n-gpu-layers", "-ngl", help="Target layers on the GPU (-1: all)."),
-    kv: Optional[str] = typer.Option(None, "--kv", help="KV cache type: f16, q8_0, q4_0."),
+    sampling: SamplingFlags = use(),
+    raw: bool = RAW.option(),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the full report as JSON to this file (- for stdout)."),
     watts: Optional[float] = typer.Option(None, "--watts", help="Power draw while decoding, for energy per million tokens."),
     price_kwh: Optional[float] = typer.Option(None, "--price-kwh", help="Electricity price per kWh (needs --watts)."),
@@ -191,10 +140,7 @@ def bench(
     from rich.console import Console
 
     from .bench import check_modes, load_prompts, print_report, run_bench, save_verdict
-    from .runner import config_from
 
-    if max_tokens < 1:
-        fail(f"--max-tokens must be at least 1, got {max_tokens}")
     if limit < 0:
         fail(f"--limit must be 0 (all) or more, got {limit}")
     if not 1 <= repeat <= 100:
@@ -203,11 +149,8 @@ def bench(
         fail(f"--watts must be positive, got {watts:g}")
     if price_kwh is not None and (watts is None or price_kwh < 0):
         fail("--price-kwh needs --watts and a price of 0 or more", hint="e.g. --watts 350 --price-kwh 0.30")
-    sampling = sampling_from(temp, top_k, top_p, min_p, seed)
-    cfg = config_from(
-        pair, model, drafter, spec="auto", draft_max=draft_max, ctx=ctx, threads=threads,
-        n_gpu_layers=n_gpu_layers, kv=kv, adaptive=not fixed,
-    )
+    params = sampling.params()
+    cfg = load.config()
     if modes is None or modes.strip().lower() == "all":
         kind = cfg.spec
         if kind == "auto":
@@ -229,7 +172,7 @@ def bench(
     out = Console(stderr=to_stdout, highlight=False)
     err = Console(stderr=True)
     report = run_bench(
-        cfg, mode_list, set_name, plist, max_tokens, sampling, raw=raw, ctx_given=ctx is not None,
+        cfg, mode_list, set_name, plist, max_tokens, params, raw=raw, ctx_given=load.ctx is not None,
         watts=watts, price=price_kwh, repeat=repeat, console=err,
     )
     print_report(report, out)
@@ -247,15 +190,15 @@ def bench(
 
 @app.command("plan")
 def plan(
-    pair: Optional[str] = typer.Option(None, "--pair", "-p", help="A pair from models.toml."),
-    target: Optional[str] = typer.Option(None, "--target", "-m", help="Target GGUF file."),
-    drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter GGUF (DFlash or a small model)."),
+    pair: Optional[str] = PAIR.option(),
+    target: Optional[str] = MODEL.option(also=("--target",)),
+    drafter: Optional[str] = DRAFTER.option(),
     vram: Optional[str] = typer.Option(None, "--vram", help="Plan for one card of this size, e.g. 24GiB."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="Cards by index (0,1) or by size (24GiB,24GiB)."),
     ctx: Optional[int] = typer.Option(None, "--ctx", "-c", help="Context wish in tokens (0: the largest that fits)."),
     kv: Optional[str] = typer.Option(None, "--kv", help="KV cache type: f16, q8_0, q4_0 (default: the best that fits)."),
     split: str = typer.Option("layer", "--split", help="layer | tensor (experimental) for several cards."),
-    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per cycle."),
+    draft_max: Optional[int] = DRAFT_MAX.option(),
     margin: str = typer.Option("512MiB", "--margin", help="Memory left free on every card."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan and the runtime settings as JSON."),
 ):

@@ -30,12 +30,12 @@ sys.path.insert(0, str(ROOT))
 
 from localflash.errors import LocalflashError  # noqa: E402
 
-SHARED = ROOT.parent / "shared" / "data"
-
 
 def bench_prompts(n: int) -> list[str]:
     """``n`` Spec-Bench first turns spread over its categories (the first 400 characters of each)."""
-    rows = [json.loads(line) for line in (SHARED / "spec_bench.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    from localflash.bench import prompt_set_rows
+
+    rows = prompt_set_rows("spec_bench")
     picked = rows[:: max(1, len(rows) // n)][:n]
     return [r["turns"][0][:400] for r in picked]
 

@@ -27,7 +27,6 @@ last prompt token to the first decode cycle).
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import platform
@@ -38,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("LOCALFLASH_DATA") or ROOT.parent / "shared" / "data")
 
 # Spec-Bench: MT-Bench's eight categories count as one, the other five as they are.
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
@@ -78,7 +76,9 @@ class Prompt:
 
 def spec_bench(per_category: int) -> list[Prompt]:
     """The first ``per_category`` first-turn prompts of each of Spec-Bench's six categories."""
-    rows = [json.loads(x) for x in (SHARED / "spec_bench.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
+    from localflash.bench import prompt_set_rows
+
+    rows = prompt_set_rows("spec_bench")
     out: list[Prompt] = []
     seen: dict[str, int] = {}
     for r in rows:
@@ -91,8 +91,9 @@ def spec_bench(per_category: int) -> list[Prompt]:
 
 
 def humaneval(n: int) -> list[Prompt]:
-    with gzip.open(SHARED / "humaneval.jsonl.gz", "rt", encoding="utf-8") as f:
-        rows = [json.loads(x) for x in f if x.strip()]
+    from localflash.bench import prompt_set_rows
+
+    rows = prompt_set_rows("humaneval")
     return [Prompt(r["task_id"], "humaneval", HUMANEVAL_INSTRUCTION.format(prompt=r["prompt"])) for r in rows[:n]]
 
 

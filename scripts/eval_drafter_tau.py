@@ -18,21 +18,21 @@ table; --json writes the numbers.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / ".." / "shared" / "data"
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 HUMANEVAL_WRAP = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{prompt}\n```"
 
 
 def spec_bench(per: int) -> dict[str, list[str]]:
-    rows = [json.loads(line) for line in (DATA / "spec_bench.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    from localflash.bench import prompt_set_rows
+
+    rows = prompt_set_rows("spec_bench")
     out: dict[str, list[str]] = {g: [] for g in GROUPS}
     by_cat: dict[str, list[str]] = {}
     for r in rows:
@@ -45,8 +45,9 @@ def spec_bench(per: int) -> dict[str, list[str]]:
 
 
 def humaneval(per: int) -> list[str]:
-    with gzip.open(DATA / "humaneval.jsonl.gz", "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    from localflash.bench import prompt_set_rows
+
+    rows = prompt_set_rows("humaneval")
     return [HUMANEVAL_WRAP.format(prompt=r["prompt"].strip()) for r in rows[:per]]
 
 

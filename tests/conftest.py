@@ -99,7 +99,6 @@ def lf_env(tmp_path, monkeypatch) -> dict:
         env[var] = str(d)
         monkeypatch.setenv(var, str(d))
     env["COLUMNS"] = "160"
-    env.pop("LOCALFLASH_DATA", None)
     return env
 
 

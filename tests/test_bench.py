@@ -120,7 +120,7 @@ def test_bench_json_to_stdout_is_pure_json(lf, tiny_target, prompt_file):
     assert rep["modes"] == ["none", "ngram"] and "verdict:" in r.stderr
 
 
-def test_prompt_sets_from_shared_data():
+def test_prompt_sets_ship_with_the_package():
     name, sb = load_prompts("spec_bench", 2)
     cats = list(dict.fromkeys(p.category for p in sb))
     assert name == "spec_bench" and len(cats) == 13 and len(sb) == 26
@@ -135,7 +135,9 @@ def test_prompt_sets_from_shared_data():
 
 
 def test_prompt_set_errors_are_one_clear_line(tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCALFLASH_DATA", str(tmp_path / "nowhere"))
+    from localflash import bench
+
+    monkeypatch.setitem(bench.PROMPT_SET_FILES, "spec_bench", "absent.jsonl.gz")  # a broken install
     with pytest.raises(LocalflashError) as e:
         load_prompts("spec_bench")
     assert "prompt set file not found" in e.value.message and "--prompts FILE.jsonl" in e.value.hint

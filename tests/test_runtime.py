@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from localflash.bench import prompt_set_rows
 from localflash.llama import Context, ContextOptions, Model
 from localflash.speculative.loop import Engine
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
 def spec_bench_prompts(n: int) -> list[str]:
-    rows = [json.loads(line) for line in (SHARED / "spec_bench.jsonl").read_text().splitlines()]
+    rows = prompt_set_rows("spec_bench")
     picked = rows[:: max(1, len(rows) // n)][:n]
     return [r["turns"][0][:400] for r in picked]
 
