@@ -12,3 +12,15 @@ class LocalflashError(Exception):
 
 class RollbackError(LocalflashError):
     """The runtime could not remove rejected positions; continuing would corrupt the state."""
+
+
+class ContextOverflow(LocalflashError):
+    """A prompt that does not fit the context: ``prompt_tokens`` of ``n_ctx`` (the server answers 400)."""
+
+    def __init__(self, prompt_tokens: int, n_ctx: int, message: str | None = None, hint: str | None = None):
+        super().__init__(
+            message or f"the prompt has {prompt_tokens} tokens but the context holds {n_ctx}",
+            hint=hint or "raise -c/--ctx or shorten the prompt",
+        )
+        self.prompt_tokens = prompt_tokens
+        self.n_ctx = n_ctx

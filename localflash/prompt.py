@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import codecs
+import json
 
 from .errors import LocalflashError
 
 
-def render_chat(model, messages: list[dict], add_generation_prompt: bool = True, thinking: bool | None = None) -> str:
-    """Apply the model's own chat template to ``messages``."""
+def render_chat(
+    model, messages: list[dict], add_generation_prompt: bool = True, thinking: bool | None = None, tools: list[dict] | None = None
+) -> str:
+    """Apply the model's own chat template to ``messages`` (OpenAI-style: tool calls and tool results too).
+
+    ``tools`` (OpenAI function specs) go to the template as ``tools``, as Hugging Face
+    passes them; a template that never reads ``tools`` ignores them.
+    """
     from jinja2 import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -19,12 +26,16 @@ def render_chat(model, messages: list[dict], add_generation_prompt: bool = True,
     def raise_exception(message):
         raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.filters["tojson"] = _tojson  # Hugging Face's: plain json.dumps, no HTML escaping
     extra = {} if thinking is None else {"enable_thinking": thinking}
+    if tools:
+        extra["tools"] = tools
     try:
         return env.from_string(source).render(
-            messages=messages,
+            messages=[template_message(m) for m in messages],
             add_generation_prompt=add_generation_prompt,
             bos_token=model.token_text(model.bos) if model.bos >= 0 else "",
             eos_token=model.token_text(model.eos) if model.eos >= 0 else "",
@@ -32,6 +43,48 @@ def render_chat(model, messages: list[dict], add_generation_prompt: bool = True,
         )
     except TemplateError as e:
         raise LocalflashError(f"the chat template of {model.path.name} failed: {e}") from e
+    except (TypeError, ValueError, AttributeError, KeyError) as e:  # a message the template cannot take
+        raise LocalflashError(f"the chat template of {model.path.name} cannot render these messages: {e}") from e
+
+
+def template_message(m: dict) -> dict:
+    """One OpenAI-style message as chat templates expect it.
+
+    ``content`` None (an assistant turn that only calls tools) becomes ""; a list of
+    text parts is joined; tool-call ``arguments`` given as a JSON string become the
+    object templates print with ``tojson`` (as llama.cpp and Hugging Face do).
+    """
+    out = dict(m)
+    content = out.get("content")
+    if content is None:
+        out["content"] = ""
+    elif isinstance(content, list):
+        out["content"] = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+    if out.get("tool_calls"):
+        calls = []
+        for call in out["tool_calls"]:
+            call = dict(call)
+            fn = call.get("function")
+            if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                fn = dict(fn)
+                try:
+                    fn["arguments"] = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
+                except ValueError:
+                    pass  # not JSON: the template gets the string as is
+                call["function"] = fn
+            calls.append(call)
+        out["tool_calls"] = calls
+    return out
+
+
+def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=False):
+    return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+
+
+def _strftime_now(fmt: str) -> str:
+    from datetime import datetime
+
+    return datetime.now().strftime(fmt)
 
 
 def supports_thinking(model) -> bool:

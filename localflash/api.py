@@ -1,0 +1,182 @@
+"""The Python API: ``load()`` a model (and drafter) once, then stream, generate or chat.
+
+    from localflash import load
+
+    with load(pair="demo") as llm:
+        for chunk in llm.chat([{"role": "user", "content": "Hi!"}], stream=True):
+            print(chunk.text, end="", flush=True)
+        print(llm.generate("The capital of France is", max_tokens=8).text)
+
+Loading goes through the same path as the CLI (``runner.open_engine``: pairs,
+plan, drafter); requests run on :mod:`localflash.session`, which reuses the
+engine's cache across requests. One caller at a time: an LLM is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import fields
+from pathlib import Path
+
+from .errors import LocalflashError
+from .session import Chunk, Completion, Generation, Session
+
+__all__ = ["load", "open_llm", "LLM", "Chunk", "Completion"]
+
+
+def load(
+    pair: str | None = None,
+    *,
+    model: str | Path | None = None,
+    drafter: str | Path | None = None,
+    spec: str = "auto",
+    ctx: int | None = None,
+    draft_max: int | None = None,
+    fixed: bool = False,
+    threads: int = 0,
+    n_gpu_layers: int = -1,
+    kv: str | None = None,
+    draft: str = "on",
+    **more_run_config,
+) -> "LLM":
+    """Load a pair from models.toml (``pair="demo"``) or a target file (``model=``), as the CLI does.
+
+    ``draft``: ``on`` (the engine's adaptive draft length), ``off`` (plain decoding)
+    or ``auto`` (per phase, only where drafting pays). ``more_run_config``: other
+    ``runner.RunConfig`` fields (``p_min``, ``vram``, ``gpus``, ...).
+    """
+    from .runner import RunConfig, config_from
+
+    known = {f.name for f in fields(RunConfig)}
+    unknown = sorted(set(more_run_config) - known)
+    if unknown:
+        raise LocalflashError(f"load() got unknown option(s): {', '.join(unknown)}", hint=f"RunConfig fields: {', '.join(sorted(known))}")
+    cfg = config_from(
+        pair, str(model) if model is not None else None, str(drafter) if drafter is not None else None,
+        spec=spec, ctx=ctx, draft_max=draft_max, threads=threads, n_gpu_layers=n_gpu_layers, kv=kv,
+        adaptive=not fixed, **more_run_config,
+    )
+    return open_llm(cfg, draft=draft)
+
+
+def open_llm(cfg, draft: str = "on") -> "LLM":
+    """An LLM from a ready ``runner.RunConfig`` (the CLI's path)."""
+    from .runner import open_engine
+
+    engine = open_engine(cfg)
+    try:
+        return LLM(engine, cfg, draft=draft)
+    except BaseException:
+        engine.close()
+        raise
+
+
+class LLM:
+    """A loaded target (+ drafter) with its cache; see the module docstring."""
+
+    def __init__(self, engine, config=None, name: str | None = None, draft: str = "on"):
+        self.engine = engine
+        self.target = engine.target
+        self.config = config
+        self.name = name or (getattr(config, "pair", None) or Path(self.target.path).stem)
+        self.session = Session(engine, draft_mode=draft)
+        self._closed = False
+
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.ctx.n_ctx
+
+    @property
+    def drafter(self) -> str:
+        """The drafter's name, "none" for plain decoding."""
+        return self.engine.drafter.name if self.session.has_drafter else "none"
+
+    def start(
+        self, prompt_or_messages, *, max_tokens: int | None = 256, temperature: float = 0.0, top_k: int = 40, top_p: float = 1.0,
+        min_p: float = 0.0, seed: int | None = None, stop: list[str] | str | None = None, tools: list[dict] | None = None,
+        system: str | None = None, raw: bool = False, thinking: bool | None = None, cancel=None, sampling=None,
+    ) -> Generation:
+        """Check and render the request and return its :class:`~localflash.session.Generation`.
+
+        Every check happens here, before any token is decoded: bad values raise
+        LocalflashError, a prompt that does not fit raises ContextOverflow.
+        """
+        self._check_open()
+        if sampling is None:
+            sampling = sampling_params(temperature, top_k, top_p, min_p, seed)
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise LocalflashError("tools must be a list of dicts (OpenAI function specs)")
+        tokens, text = self.session.encode(prompt_or_messages, system=system, raw=raw, thinking=thinking, tools=tools)
+        return self.session.start(tokens, text, max_tokens=max_tokens, sampling=sampling, stop=stop, cancel=cancel)
+
+    def stream(self, prompt_or_messages, **kw) -> Iterator[Chunk]:
+        """Chunks as they decode; the last one has ``finish_reason`` set. Options: see :meth:`start`.
+
+        A string goes through the chat template as one user message (``raw=True``:
+        as is); a list of OpenAI-style messages goes through the template.
+        """
+        return self.start(prompt_or_messages, **kw)
+
+    def generate(self, prompt: str, *, stream: bool = False, **kw) -> Completion | Iterator[Chunk]:
+        """A raw completion of ``prompt`` (no chat template unless ``raw=False`` is passed)."""
+        if not isinstance(prompt, str):
+            raise LocalflashError("generate() takes a string prompt; use chat() for messages")
+        kw.setdefault("raw", True)
+        gen = self.start(prompt, **kw)
+        return gen if stream else gen.completion()
+
+    def chat(self, messages, *, stream: bool = False, **kw) -> Completion | Iterator[Chunk]:
+        """Messages (or one user string) through the model's chat template."""
+        gen = self.start(messages, **kw)
+        return gen if stream else gen.completion()
+
+    def count_tokens(self, prompt_or_messages, *, system: str | None = None, raw: bool = False, tools: list[dict] | None = None, thinking: bool | None = None) -> int:
+        """Length of the rendered prompt in tokens (what ``prompt_tokens`` will say)."""
+        self._check_open()
+        return len(self.session.encode(prompt_or_messages, system=system, raw=raw, thinking=thinking, tools=tools)[0])
+
+    def reset(self) -> None:
+        """Forget the cached tokens (the next request prefills from scratch)."""
+        self._check_open()
+        self.engine.reset()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self.session.active is not None:
+                self.session.active.close()
+            self.engine.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LocalflashError("this LLM is closed")
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"ctx {self.n_ctx}, drafter {self.drafter}"
+        return f"<LLM {self.name}: {state}>"
+
+
+def sampling_params(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, seed=None):
+    """SamplingParams from request values; a bad one raises LocalflashError naming it."""
+    from .speculative.sampling import SamplingParams
+
+    for name, value in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise LocalflashError(f"{name} must be a finite number, got {value!r}")
+    for name, value in (("top_k", top_k), ("seed", seed)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise LocalflashError(f"{name} must be a whole number, got {value!r}")
+    if top_k is None:
+        raise LocalflashError("top_k must be a whole number, got None")
+    try:
+        return SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p), min_p=float(min_p), seed=seed)
+    except LocalflashError as e:  # its messages name the CLI flags
+        raise LocalflashError(e.message.replace("--temp ", "temperature ").replace("--top-k", "top_k").replace("--top-p", "top_p").replace("--min-p", "min_p")) from None
