@@ -26,6 +26,7 @@ from .speculative.stats import Stats
 
 PROMPT_SETS = ("spec_bench", "humaneval")
 MODES = ("none", "ngram", "draft", "dflash", "draft+ngram", "dflash+ngram")
+SYNTHETIC = "synthetic"  # benchmark-only oracle drafter modes, "synthetic@ALPHA": not in verdicts
 HUMANEVAL_INSTRUCTION = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{prompt}\n```"
 VERDICT_FILE = "verdicts.json"
 PAYS = 1.03  # a mode "pays" when it is at least this much faster than plain decoding
@@ -239,7 +240,7 @@ def apply_verdict(engine, mode_verdict: dict, weight: float = 4.0) -> bool:
 
 
 def make_verdict(report: dict) -> dict:
-    modes = [m for m in report["modes"] if m != "none"]
+    modes = [m for m in report["modes"] if m != "none" and not m.startswith(SYNTHETIC)]
     res = report["results"]
     per_mode = {}
     for m in modes:
@@ -323,11 +324,25 @@ def _summary(stats: list[Stats], same: int, plain_tps: float | None, watts: floa
     return row
 
 
-def check_modes(modes: list[str], cfg) -> list[str]:
-    """``none`` first, no duplicates; each speculative mode must have what it needs."""
+def check_modes(modes: list[str], cfg, synthetic: list[str] | None = None) -> list[str]:
+    """``none`` first, no duplicates; each speculative mode must have what it needs.
+
+    ``synthetic`` (a benchmark-only oracle drafter, see speculative/synthetic.py)
+    becomes one mode ``synthetic@ALPHA`` per acceptance rate in ``synthetic``.
+    """
     out = ["none"]
     for m in modes:
         m = {"plain": "none"}.get(m.strip().lower(), m.strip().lower())
+        if m == SYNTHETIC:
+            for text in synthetic or ["0.8"]:
+                try:
+                    alpha = float(text)
+                except ValueError:
+                    alpha = -1.0
+                if not 0.0 <= alpha <= 1.0:
+                    raise LocalflashError(f"--synthetic-accept {text.strip()!r} is not a rate", hint="use rates in [0, 1], e.g. 0.6,0.8,0.95")
+                out.append(f"{SYNTHETIC}@{alpha:g}")
+            continue
         if not m or m in out:
             continue
         if m not in MODES:
@@ -404,6 +419,11 @@ def run_bench(
                 seed = None if sampling.seed is None and sampling.greedy else (sampling.seed or 0) + i
                 sp = replace(sampling, seed=seed)
                 best: dict[str, Stats] = {}
+                if any(m.startswith(SYNTHETIC) for m in modes):  # the oracle's reference: a plain pre-run, untimed
+                    ref = [t for new in engines["none"].generate(toks, max_tokens, sp) for t in new]
+                    for m in modes:
+                        if m.startswith(SYNTHETIC):
+                            engines[m].drafter.set_reference(toks + ref)
                 for _ in range(repeat):  # keep each mode's fastest run: interference only ever slows a run down
                     for m in order:
                         progress.update(task, description=f"{p.category[:14]:<14} {m:<6}")
@@ -542,6 +562,9 @@ def print_report(report: dict, console) -> None:
             + " (the same draw assumed for every mode):"
         )
         console.print(energy_table([{"mode": m, **report["results"][m]["all"]} for m in report["modes"]], price))
+    if any(m.startswith(SYNTHETIC) for m in report["modes"]):
+        console.print("[dim]synthetic@α: benchmark only — an oracle drafter that proposes plain decoding's own tokens, "
+                      "each right with probability α; the target verifies as usual (not in the verdict)[/]")
     v = report["verdict"]
     style = "green" if v["speculation_pays"] else "yellow"
     console.print(Text.assemble(("verdict: ", "bold"), (v["text"], style)))

@@ -133,6 +133,7 @@ def bench(
     watts: Optional[float] = typer.Option(None, "--watts", help="Power draw while decoding, for energy per million tokens."),
     price_kwh: Optional[float] = typer.Option(None, "--price-kwh", help="Electricity price per kWh (needs --watts)."),
     save: bool = typer.Option(True, "--save/--no-save", help="Save the verdict for this rig and pair (used by chat --draft auto)."),
+    synthetic_accept: str = typer.Option("0.6,0.8,0.95", "--synthetic-accept", help="Acceptance rates of --modes synthetic (benchmark-only oracle drafter)."),
 ):
     """Plain vs speculative decoding on the same prompts, interleaved; table, histogram, verdict."""
     import json
@@ -166,7 +167,7 @@ def bench(
         wanted = [kind] if modes is None else ["ngram", kind]
     else:
         wanted = modes.split(",")
-    mode_list = check_modes(wanted, cfg)
+    mode_list = check_modes(wanted, cfg, synthetic_accept.split(","))
     set_name, plist = load_prompts(prompts, limit or None)
     to_stdout = json_out == "-"
     out = Console(stderr=to_stdout, highlight=False)

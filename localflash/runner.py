@@ -12,6 +12,7 @@ from .errors import LocalflashError
 from .registry import LOOKUP, Pair, base_kind, get_pair
 
 SPECS = ("auto", "none", "dflash", "draft", "ngram", "dflash+ngram", "draft+ngram")
+SYNTHETIC = "synthetic"  # a bench mode only (`bench --modes synthetic`), never a --spec: see speculative/synthetic.py
 
 
 @dataclass
@@ -102,7 +103,8 @@ def open_engine(cfg: RunConfig, target=None):
     kind = base_kind(kind)
     if kind in ("dflash", "draft") and drafter_path is None:
         raise LocalflashError(f"--spec {kind} needs a drafter file", hint="pass --drafter PATH or use a pair")
-    max_draft = {"dflash": 15, "draft": 8, "ngram": 8, "none": 0}[kind]
+    synthetic = kind.startswith(SYNTHETIC)  # bench only: "synthetic@ALPHA", an oracle drafter
+    max_draft = 8 if synthetic else {"dflash": 15, "draft": 8, "ngram": 8, "none": 0}[kind]
     if cfg.draft_max is not None:
         max_draft = min(max_draft, cfg.draft_max) if kind == "dflash" else cfg.draft_max
     plan = plan_for(cfg, drafter_path if kind in ("dflash", "draft") else None, max_draft)
@@ -144,6 +146,10 @@ def open_engine(cfg: RunConfig, target=None):
         drafter = DraftModelDrafter(drafter_model, target, drafter_ctx, max_draft, cfg.p_min, n_threads=cfg.threads)
     elif kind == "ngram":
         drafter = NgramDrafter(max_draft)
+    elif synthetic:
+        from .speculative.synthetic import SyntheticDrafter
+
+        drafter = SyntheticDrafter(float(kind.partition("@")[2]), max_draft, target.n_vocab)
     else:
         drafter = None
     if lookup:

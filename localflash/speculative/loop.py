@@ -158,9 +158,10 @@ def verify_block(ctx: Context, draft: list[int], sample, is_eog) -> list[int]:
     Returns the committed tokens: the accepted drafts plus one token of the
     target's own (the bonus), or fewer if an end-of-generation token comes first.
     """
+    rows = ctx.all_logits() if draft else [ctx.logits(-1)]  # views: no row is copied
     new = []
-    for i in range(len(draft) + 1):
-        tok = sample(ctx.logits(i if draft else -1))
+    for i in range(len(draft) + 1):  # row by row, stopping at the first mismatch: only τ rows are read
+        tok = sample(rows[i])
         new.append(tok)
         if i == len(draft) or tok != draft[i] or is_eog(tok):
             break

@@ -1,4 +1,4 @@
-"""Turning one row of target logits into one token.
+"""Turning one row of target logits into one token, at a cost that does not grow with the vocabulary.
 
 The filters run in llama.cpp's order (top-k, top-p, min-p on the untempered
 distribution, then temperature). Each sampled position consumes exactly one
@@ -6,15 +6,29 @@ uniform draw from the request's generator, so a speculative run that samples
 row by row and accepts a draft token only when it equals the target's sample
 ("sample and match") emits the *same* tokens as plain sampling with the same
 seed — the strongest form of "follows the target's distribution exactly".
+
+Candidates in sorted order (descending logit, ties by id) are all a sampler
+needs, and they form a prefix of the sorted vocabulary. :func:`kept_set` finds
+that prefix without sorting the vocabulary: it takes the tokens within
+``delta`` nats of the maximum (one compare pass), sorts only those, and checks
+that they provably contain the kept set — ``top_k`` of them, the ``min_p``
+threshold inside the window, and for top-p without top-k a cut that is the
+same for every normaliser ``Z`` the tokens outside the window allow (each of
+them weighs less than ``exp(-delta)``). When the check fails it falls back:
+the exact ``Z`` in one pass, then wider windows, then the whole vocabulary.
+So the result is exactly :func:`reference_distribution`'s, only cheaper.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import LocalflashError
+
+DELTA = 16.0  # first candidate window, in nats below the top logit (outside it a token weighs < 1.1e-7)
 
 
 @dataclass(frozen=True)
@@ -40,30 +54,129 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
-def filtered_distribution(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
-    """Candidate token ids and their probabilities after top-k/top-p/min-p and temperature.
-
-    Ids come sorted by descending logit (ties by id), so the result is deterministic.
-    """
+def reference_distribution(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The filtered distribution by the book: sort the whole vocabulary (slow; the tests' reference)."""
     n = logits.shape[0]
     if 0 < p.top_k < n:
         ids = np.argpartition(-logits, p.top_k - 1)[: p.top_k]
+        # argpartition splits ties at the k-th value arbitrarily: take them by id, as the sort below does
+        kth = logits[ids].min()
+        above = np.flatnonzero(logits > kth)
+        ties = np.flatnonzero(logits == kth)[: p.top_k - len(above)]
+        ids = np.concatenate([above, ties])
     else:
         ids = np.arange(n)
     vals = logits[ids].astype(np.float64)
     order = np.lexsort((ids, -vals))
     ids, vals = ids[order], vals[order]
+    keep = _keep(vals, p, float(np.exp(vals - vals[0]).sum()))
+    return ids[:keep], _tempered(vals[:keep], p.temperature)
+
+
+def _keep(vals: np.ndarray, p: SamplingParams, z: float) -> int:
+    """How many of the sorted ``vals`` top-p and min-p keep, for normaliser ``z``."""
+    keep = len(vals)
     if p.top_p < 1.0 or p.min_p > 0.0:
-        probs = np.exp(vals - vals[0])
-        probs /= probs.sum()
-        keep = len(ids)
+        w = np.exp(vals - vals[0])
         if p.top_p < 1.0:
-            keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
+            keep = min(keep, int(np.searchsorted(np.cumsum(w), p.top_p * z)) + 1)
         if p.min_p > 0.0:
-            keep = min(keep, int(np.count_nonzero(probs >= p.min_p * probs[0])))
-        ids, vals = ids[: max(keep, 1)], vals[: max(keep, 1)]
-    probs = np.exp((vals - vals[0]) / p.temperature)
-    return ids, probs / probs.sum()
+            keep = min(keep, int(np.count_nonzero(w >= p.min_p)))
+    return max(keep, 1)
+
+
+def _tempered(vals: np.ndarray, temperature: float) -> np.ndarray:
+    probs = np.exp((vals - vals[0]) / temperature)
+    return probs / probs.sum()
+
+
+def kept_set(logits: np.ndarray, p: SamplingParams, delta: float = DELTA) -> tuple[np.ndarray, np.ndarray, str]:
+    """Kept token ids (sorted) and their logits (float64), and how they were found.
+
+    ``how`` is ``window`` (the first window sufficed), ``exact-z`` (top-p needed
+    the exact normaliser), ``wider`` (a wider window) or ``full`` (the whole vocabulary).
+    """
+    n = logits.shape[0]
+    k = p.top_k if 0 < p.top_k < n else 0
+    top = float(logits.max())
+    z_exact = None
+    how = "window"
+    d = max(delta, -math.log(p.min_p) + 1e-6) if p.min_p > 0 and k == 0 and p.top_p >= 1.0 else delta
+    while True:
+        whole = d == math.inf
+        ids = np.arange(n) if whole else np.flatnonzero(logits >= top - d)
+        ids, vals = _sorted(logits, ids)
+        if k and len(ids) >= k:
+            ids, vals = ids[:k], vals[:k]
+            return ids[: (m := _keep(vals, p, float(np.exp(vals - top).sum())))], vals[:m], how
+        if whole:
+            return ids[: (m := _keep(vals, p, float(np.exp(vals - top).sum())))], vals[:m], how
+        if not k:
+            w = np.exp(vals - top)
+            cum = np.cumsum(w)
+            if p.top_p < 1.0:
+                if z_exact is None:
+                    z_lo, z_hi = float(cum[-1]), float(cum[-1]) + (n - len(ids)) * math.exp(-d)
+                else:
+                    z_lo = z_hi = z_exact
+                lo = int(np.searchsorted(cum, p.top_p * z_lo)) + 1
+                hi = int(np.searchsorted(cum, p.top_p * z_hi)) + 1
+                if lo == hi and hi <= len(ids):
+                    m = _keep(vals[:hi], replace_top_p(p), 0.0)  # min-p on top
+                    return ids[:m], vals[:m], how
+                if z_exact is None:
+                    z_exact = float(np.exp(logits - np.float32(top), dtype=np.float32).sum(dtype=np.float64))
+                    how = "exact-z"
+                    continue
+            elif p.min_p > 0.0:  # the window reaches below min_p's threshold
+                m = _keep(vals, p, 0.0)
+                return ids[:m], vals[:m], how
+        how = "wider" if d < 4 * delta else "full"
+        d = d * 2 if d < 4 * delta else math.inf
+
+
+def _sorted(logits: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` (ascending) by descending logit, ties by id; their logits as float64."""
+    vals = logits[ids].astype(np.float64)
+    order = np.argsort(-vals, kind="stable")
+    return ids[order], vals[order]
+
+
+def sample_unfiltered(logits: np.ndarray, temperature: float, u: float, delta: float = DELTA) -> tuple[int, str]:
+    """The token at ``u`` of the whole tempered distribution (no top-k/top-p/min-p), and how it was found.
+
+    Inverse-CDF in sorted order over the window ``delta * max(T, 1)`` nats below the top,
+    when the tokens outside it (each weighing < exp(-window/T)) cannot move ``u``'s
+    token for any normaliser they allow; else over the whole sorted vocabulary.
+    """
+    n = logits.shape[0]
+    top = float(logits.max())
+    d = delta * max(temperature, 1.0)
+    ids, vals = _sorted(logits, np.flatnonzero(logits >= top - d))
+    cum = np.cumsum(np.exp((vals - top) / temperature))
+    z_lo = float(cum[-1])
+    z_hi = z_lo + (n - len(ids)) * math.exp(-d / temperature)
+    lo = int(np.searchsorted(cum, u * z_lo, side="right"))
+    if lo == int(np.searchsorted(cum, u * z_hi, side="right")) and lo < len(ids):
+        return int(ids[lo]), "window"
+    ids, vals = _sorted(logits, np.arange(n))
+    probs = _tempered(vals, temperature)
+    i = int(np.searchsorted(np.cumsum(probs), u, side="right"))
+    return int(ids[min(i, n - 1)]), "full"
+
+
+def replace_top_p(p: SamplingParams) -> SamplingParams:
+    """``p`` without its top-p (already applied)."""
+    return SamplingParams(p.temperature, p.top_k, 1.0, p.min_p, p.seed)
+
+
+def filtered_distribution(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """Candidate token ids and their probabilities after top-k/top-p/min-p and temperature.
+
+    Ids come sorted by descending logit (ties by id), so the result is deterministic.
+    """
+    ids, vals, _ = kept_set(logits, p)
+    return ids, _tempered(vals, p.temperature)
 
 
 class Sampler:
@@ -72,11 +185,18 @@ class Sampler:
     def __init__(self, params: SamplingParams | None = None):
         self.params = params or SamplingParams()
         self.rng = np.random.default_rng(self.params.seed)
+        self.paths: dict[str, int] = {}  # how each sampled row's kept set was found (kept_set's ``how``)
 
     def __call__(self, logits: np.ndarray) -> int:
         if self.params.greedy:
             return int(np.argmax(logits))
-        ids, probs = filtered_distribution(logits, self.params)
-        u = self.rng.random()
-        i = int(np.searchsorted(np.cumsum(probs), u, side="right"))
-        return int(ids[min(i, len(ids) - 1)])
+        p = self.params
+        u = self.rng.random()  # one draw per sampled position, always
+        if not (0 < p.top_k < logits.shape[0]) and p.top_p >= 1.0 and p.min_p <= 0.0:
+            tok, how = sample_unfiltered(logits, p.temperature, u)
+        else:
+            ids, vals, how = kept_set(logits, p)
+            i = int(np.searchsorted(np.cumsum(_tempered(vals, p.temperature)), u, side="right"))
+            tok = int(ids[min(i, len(ids) - 1)])
+        self.paths[how] = self.paths.get(how, 0) + 1
+        return tok
