@@ -122,7 +122,7 @@ def chat(
 @shared_options
 def bench(
     load: LoadFlags = use(skip=("spec",)),
-    modes: Optional[str] = typer.Option(None, "--modes", help="Comma list of none, ngram, draft, dflash, dflash+ngram, draft+ngram, or 'all' (default: plain + the pair's kind)."),
+    modes: Optional[str] = typer.Option(None, "--modes", help="Comma list of none, ngram, draft, dflash, dflash+ngram, draft+ngram, or 'all' (default: plain + the pair's kind); synthetic: a benchmark-only oracle drafter (see --synthetic-accept)."),
     prompts: str = typer.Option("spec_bench", "--prompts", help="spec_bench | humaneval | FILE.jsonl."),
     limit: int = typer.Option(3, "--limit", help="Prompts per category (0: all)."),
     max_tokens: int = MAX_TOKENS.option(128),
