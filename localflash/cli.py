@@ -51,12 +51,13 @@ def run(
     """Generate text from a prompt; text on stdout, the summary on stderr."""
     from .prompt import TextStream, render_chat, tokenize_prompt
     from .runner import open_engine
-    from .speculative.stats import Stats
+    from .speculative.stats import STOP_REASONS, Stats
 
     if prompt == "-":
         prompt = sys.stdin.read()
     params = sampling.params()
-    engine = open_engine(load.config())
+    cfg = load.config()
+    engine = open_engine(cfg)
     try:
         target = engine.target
         if raw or not target.chat_template():
@@ -64,6 +65,17 @@ def run(
         else:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
             tokens = tokenize_prompt(target, render_chat(target, messages))
+        n_ctx = engine.ctx.n_ctx
+        rounded = ""
+        if cfg.ctx < n_ctx:
+            rounded = f" (-c {cfg.ctx} rounded up: llama.cpp sizes the context in blocks of 256 tokens)"
+        elif cfg.ctx > n_ctx:
+            rounded = f" (asked {cfg.ctx}: the largest that fits in memory)"
+        if len(tokens) >= n_ctx:
+            fail(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}{rounded}: no room to generate",
+                 hint=f"raise -c/--ctx above {len(tokens)} or shorten the prompt")
+        if rounded:
+            typer.echo(f"note: context {n_ctx} tokens{rounded}", err=True)
         stream = TextStream(target)
         stats = Stats()
         out = sys.stdout
@@ -73,10 +85,16 @@ def run(
         out.write(stream.flush() + "\n")
         out.flush()
         typer.echo(stats.summary(), err=True)
+        if stats.stop == "context":
+            typer.echo(f"stopped: the context is full at {n_ctx} tokens; raise -c/--ctx for a longer reply", err=True)
+        elif stats.stop == "eog" and not stats.generated:
+            typer.echo("note: the model ended its reply at once (its first token was end-of-generation)", err=True)
+        elif stats.stop not in ("eog", "length"):
+            typer.echo(f"stopped: {STOP_REASONS.get(stats.stop, stats.stop)}", err=True)
         if json_out:
             import json
 
-            typer.echo(json.dumps(stats.to_dict()), err=True)
+            typer.echo(json.dumps(stats.to_dict() | {"n_ctx": n_ctx}), err=True)
     finally:
         engine.close()
 
@@ -124,7 +142,7 @@ def bench(
     load: LoadFlags = use(skip=("spec",)),
     modes: Optional[str] = typer.Option(None, "--modes", help="Comma list of none, ngram, draft, dflash, dflash+ngram, draft+ngram, or 'all' (default: plain + the pair's kind); synthetic: a benchmark-only oracle drafter (see --synthetic-accept)."),
     prompts: str = typer.Option("spec_bench", "--prompts", help="spec_bench | humaneval | FILE.jsonl."),
-    limit: int = typer.Option(3, "--limit", help="Prompts per category (0: all)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Prompts per category (0: all; default: 3 of each named set's categories, all of a FILE)."),
     max_tokens: int = MAX_TOKENS.option(128),
     repeat: int = typer.Option(1, "--repeat", help="Runs per prompt and mode; the fastest counts (rejects interference)."),
     sampling: SamplingFlags = use(),
@@ -140,8 +158,10 @@ def bench(
 
     from rich.console import Console
 
-    from .bench import check_modes, load_prompts, print_report, run_bench, save_verdict
+    from .bench import PROMPT_SETS, check_modes, load_prompts, print_report, run_bench, save_verdict
 
+    if limit is None:
+        limit = 3 if prompts in PROMPT_SETS else 0
     if limit < 0:
         fail(f"--limit must be 0 (all) or more, got {limit}")
     if not 1 <= repeat <= 100:

@@ -113,6 +113,16 @@ def test_bench_runs_lookup_first_dflash_as_its_own_mode(lf, tiny_target, tiny_df
     assert rep["results"]["dflash+ngram"]["all"]["same_as_plain"] == 2
 
 
+def test_a_users_prompt_file_runs_in_full_unless_limit_says_otherwise(lf, tiny_target, tmp_path):
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("".join(json.dumps({"prompt": f"prompt number {i}"}) + "\n" for i in range(8)))
+    for extra, n in (([], 8), (["--limit", "2"], 2)):
+        r = lf("bench", "-m", tiny_target, "--modes", "none", "--prompts", mine, "-n", "2", "-t", "1", "--raw",
+               "--json", "-", "--no-save", *extra)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["prompts"]["n"] == n, extra
+
+
 def test_bench_json_to_stdout_is_pure_json(lf, tiny_target, prompt_file):
     r = lf("bench", "-m", tiny_target, "--prompts", prompt_file, "--limit", "1", "-n", "8", "-t", "1", "--json", "-", "--no-save")
     assert r.returncode == 0, r.stderr

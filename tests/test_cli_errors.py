@@ -50,6 +50,8 @@ def _check_one_line(case: str, code: int, out: str, err: str, message: str) -> N
         ("truncated header", ["chat", "-m", "{stub}"], "stub.gguf"),
         ("incompatible pair", ["run", "-m", "{target}", "--drafter", "{renamed}", "--spec", "draft", "hi"], "different tokenizers"),
         ("prompt over context", ["run", "-m", "{target}", "-c", "256", "--raw", LONG], "but the context holds 256"),
+        ("prompt over a rounded context", ["run", "-m", "{target}", "-c", "16", "--raw", LONG],
+         "but the context holds 256 (-c 16 rounded up: llama.cpp sizes the context in blocks of 256 tokens): no room to generate"),
         ("bad kv type", ["run", "-m", "{target}", "--kv", "q3", "hi"], "q3"),
         ("full layers without a window", ["train-drafter", "--target", "{target}", "--prompts", "{target}", "--out", "{missing}",
                                           "--full-layers", "1"], "needs --sliding-window"),

@@ -5,6 +5,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
+# Why a generation ended (Stats.stop); the session/API layer maps eog and stop to finish_reason "stop".
+STOP_REASONS = {
+    "eog": "the model ended its reply",
+    "length": "--max-tokens reached",
+    "context": "the context is full",
+    "stop": "a stop string came",
+    "cancelled": "cancelled",
+}
+
+
 @dataclass
 class Stats:
     drafter: str = "none"
@@ -21,7 +31,7 @@ class Stats:
     t_decode: float = 0.0  # wall time of the decode phase
     t_target: float = 0.0  # target verify/decode passes
     t_draft: float = 0.0  # drafter proposals and feature injection
-    stop: str = ""  # eog | length | context
+    stop: str = ""  # one of STOP_REASONS
 
     def record_cycle(self, n_drafted: int, n_accepted: int, n_committed: int) -> None:
         self.cycles += 1
