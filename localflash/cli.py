@@ -49,41 +49,35 @@ def run(
     json_out: bool = typer.Option(False, "--json", help="Print the statistics as JSON on stderr at the end."),
 ):
     """Generate text from a prompt; text on stdout, the summary on stderr."""
-    from .prompt import TextStream, render_chat, tokenize_prompt
-    from .runner import open_engine
-    from .speculative.stats import STOP_REASONS, Stats
+    from .api import open_llm
+    from .errors import ContextOverflow
+    from .speculative.stats import STOP_REASONS
 
     if prompt == "-":
         prompt = sys.stdin.read()
     params = sampling.params()
     cfg = load.config()
-    engine = open_engine(cfg)
-    try:
-        target = engine.target
-        if raw or not target.chat_template():
-            tokens = target.tokenize(prompt, add_special=True, parse_special=False)
-        else:
-            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-            tokens = tokenize_prompt(target, render_chat(target, messages))
-        n_ctx = engine.ctx.n_ctx
+    with open_llm(cfg) as llm:
+        n_ctx = llm.n_ctx
         rounded = ""
         if cfg.ctx < n_ctx:
             rounded = f" (-c {cfg.ctx} rounded up: llama.cpp sizes the context in blocks of 256 tokens)"
         elif cfg.ctx > n_ctx:
             rounded = f" (asked {cfg.ctx}: the largest that fits in memory)"
-        if len(tokens) >= n_ctx:
-            fail(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}{rounded}: no room to generate",
-                 hint=f"raise -c/--ctx above {len(tokens)} or shorten the prompt")
+        try:
+            chunks = llm.stream(prompt, raw=raw, system=system or None, max_tokens=max_tokens, sampling=params)
+        except ContextOverflow as e:
+            fail(f"the prompt has {e.prompt_tokens} tokens but the context holds {n_ctx}{rounded}: no room to generate",
+                 hint=f"raise -c/--ctx above {e.prompt_tokens} or shorten the prompt")
         if rounded:
             typer.echo(f"note: context {n_ctx} tokens{rounded}", err=True)
-        stream = TextStream(target)
-        stats = Stats()
         out = sys.stdout
-        for new in engine.generate(tokens, max_tokens, params, stats):
-            out.write(stream.push(new))
+        for chunk in chunks:
+            out.write(chunk.text)
             out.flush()
-        out.write(stream.flush() + "\n")
+        out.write("\n")
         out.flush()
+        stats = chunk.stats
         typer.echo(stats.summary(), err=True)
         if stats.stop == "context":
             typer.echo(f"stopped: the context is full at {n_ctx} tokens; raise -c/--ctx for a longer reply", err=True)
@@ -95,8 +89,6 @@ def run(
             import json
 
             typer.echo(json.dumps(stats.to_dict() | {"n_ctx": n_ctx}), err=True)
-    finally:
-        engine.close()
 
 
 @app.command()

@@ -210,7 +210,7 @@ class Generation:
         self.cancel = cancel
         self.stats = Stats()
         self.prompt_tokens = len(prompt)
-        self.cached_tokens = session.cached_prefix(prompt)
+        self.cached_tokens = self.stats.cached_tokens = session.cached_prefix(prompt)
         self.tokens: list[int] = []  # every token generated (some may follow a stop string)
         self.text = ""  # the text streamed so far
         self.finish_reason: str | None = None

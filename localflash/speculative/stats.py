@@ -19,6 +19,7 @@ STOP_REASONS = {
 class Stats:
     drafter: str = "none"
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens reused from the cache (set by the session layer)
     generated: int = 0  # tokens emitted to the user
     committed: int = 0  # tokens committed by decode cycles (bonus included)
     cycles: int = 0  # target forward passes after prefill
@@ -72,7 +73,7 @@ class Stats:
 
     def merge(self, other: "Stats") -> None:
         """Add another request's counts (cumulative session stats)."""
-        for name in ("prompt_tokens", "generated", "committed", "cycles", "drafted", "accepted"):
+        for name in ("prompt_tokens", "cached_tokens", "generated", "committed", "cycles", "drafted", "accepted"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("t_prefill", "t_decode", "t_target", "t_draft"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
