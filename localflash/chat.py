@@ -5,39 +5,34 @@ status line sits under the text (tok/s now and on average, τ, acceptance,
 drafted/accepted, context fill, the drafter and its state). Stdin that is not
 a terminal is read line by line: replies go to stdout, notices to stderr.
 
-Ctrl-C during a reply sets a flag that the stream checks after every
-draft–verify cycle, so the engine always stops between cycles with a
-consistent cache; the reply keeps what was streamed, and the next turn's
-prompt reuses the cached prefix up to where the text differs. A second
-Ctrl-C stops at once and clears the cache instead.
+The conversation logic lives in :mod:`localflash.session` (the template,
+prefix reuse of the cache, per-phase drafting, trimming the history in chunks
+when the context is full); this module is the terminal on top of it: input,
+commands, the status line, stats tables and transcripts.
 
-Thinking models: text inside ``<think>…</think>`` is the *think* phase, the
-rest the *answer* phase. Each phase has its own stats and its own draft-length
-policy (the measured costs are shared); under ``/draft auto`` a :class:`PhaseGate`
-turns drafting off in a phase where it decodes slower than plain decoding and
-probes now and then to turn it back on.
+Ctrl-C during a reply sets a flag that the session checks between draft–verify
+cycles, so the engine always stops between cycles with a consistent cache; the
+reply keeps what was streamed, and the next turn's prompt reuses the cached
+prefix up to where the text differs. A second Ctrl-C stops at once and clears
+the cache instead.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import math
-import signal
-import sys
-import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rich.console import Console, Group
-from rich.live import Live
 from rich.text import Text
 
+from .chat_ui import LiveUI, PlainUI, StopFlag  # noqa: F401 (re-exported)
 from .errors import LocalflashError
 from .phases import PHASES, PhaseGate, PhaseTracker, diff_stats, initial_phase  # noqa: F401 (re-exported)
+from .session import Conversation, Session
 from .speculative.stats import Stats
 
 HELP = [
@@ -52,151 +47,6 @@ HELP = [
 ]
 
 
-# -- Ctrl-C ----------------------------------------------------------------------
-
-class StopFlag:
-    """While active, the first SIGINT only sets ``hit``; a second one raises KeyboardInterrupt."""
-
-    def __init__(self):
-        self.hit = False
-        self._prev = None
-
-    def _on_sigint(self, signum, frame):
-        if self.hit:
-            raise KeyboardInterrupt
-        self.hit = True
-
-    def __enter__(self):
-        self.hit = False
-        if threading.current_thread() is threading.main_thread():
-            self._prev = signal.signal(signal.SIGINT, self._on_sigint)
-        return self
-
-    def __exit__(self, *exc):
-        if self._prev is not None:
-            signal.signal(signal.SIGINT, self._prev)
-            self._prev = None
-        return False
-
-
-# -- output -------------------------------------------------------------------------
-
-class PlainUI:
-    """Non-terminal I/O: one input line per message, replies on stdout, the rest on stderr."""
-
-    live = False
-
-    def __init__(self, stdin=None, stdout=None, stderr=None):
-        self.stdin = stdin or sys.stdin
-        self.out = stdout or sys.stdout
-        self.err = Console(file=stderr or sys.stderr, highlight=False, soft_wrap=True)
-        self.info_console = Console(file=self.out, highlight=False)
-
-    def read(self, continuation: bool = False) -> str | None:
-        if self.stdin.isatty():  # --plain on a terminal: still say that input is wanted
-            self.err.file.write("   … " if continuation else "you› ")
-            self.err.file.flush()
-        line = self.stdin.readline()
-        return None if line == "" else line.rstrip("\n")
-
-    def notice(self, text: str, style: str = "yellow") -> None:
-        self.err.print(Text(text, style=style))
-
-    def info(self, renderable) -> None:
-        self.info_console.print(renderable)
-
-    def start_reply(self) -> None:
-        pass
-
-    def push(self, text: str) -> None:
-        self.out.write(text)
-        self.out.flush()
-
-    def status(self, line: Text) -> None:
-        pass
-
-    def end_reply(self, final: Text) -> None:
-        self.out.write("\n")
-        self.out.flush()
-        self.err.print(final)
-
-
-class LiveUI:
-    """Terminal I/O: a Rich Live region holds the reply's unfinished line and the status line.
-
-    Finished lines are printed above the region as they complete, so the
-    region stays small however long the reply gets.
-    """
-
-    live = True
-
-    def __init__(self, console: Console | None = None):
-        self.console = console or Console(highlight=False)
-        self._live: Live | None = None
-        self._line = ""
-        self._status = Text("")
-        try:  # line editing and history for input()
-            import readline  # noqa: F401
-        except ImportError:  # pragma: no cover - Windows
-            pass
-
-    def read(self, continuation: bool = False) -> str | None:
-        prompt = Text("   … " if continuation else "you› ", style="bold cyan")
-        while True:
-            try:
-                return self.console.input(prompt)
-            except EOFError:
-                self.console.print()
-                return None
-            except KeyboardInterrupt:
-                self.console.print()
-                self.notice("(Ctrl-D or /quit leaves; Ctrl-C stops a reply)", "dim")
-
-    def notice(self, text: str, style: str = "yellow") -> None:
-        (self._live.console if self._live else self.console).print(Text(text, style=style))
-
-    def info(self, renderable) -> None:
-        self.console.print(renderable)
-
-    def _region(self):
-        return Group(Text(self._line), self._status)
-
-    def start_reply(self) -> None:
-        self._line = ""
-        self._status = Text("…", style="dim")
-        self._live = Live(self._region(), console=self.console, refresh_per_second=8, transient=True)
-        self._live.start()
-
-    def push(self, text: str) -> None:
-        buf = self._line + text
-        lines = buf.split("\n")
-        for done in lines[:-1]:
-            self._live.console.print(Text(done), soft_wrap=True)
-        rest = lines[-1]
-        limit = max(40, self.console.width * max(4, self.console.height - 4))
-        if len(rest) > limit:  # a very long line without breaks: print the wrapped part above
-            cut = rest.rfind(" ", 0, limit)
-            cut = cut if cut > 0 else limit
-            self._live.console.print(Text(rest[:cut]), soft_wrap=True)
-            rest = rest[cut:].lstrip(" ")
-        self._line = rest
-        self._live.update(self._region())
-
-    def status(self, line: Text) -> None:
-        self._status = line
-        if self._live:
-            self._live.update(self._region())
-
-    def end_reply(self, final: Text) -> None:
-        if self._live:
-            self._live.stop()
-            self._live = None
-        if self._line:
-            self.console.print(Text(self._line), soft_wrap=True)
-        self._line = ""
-        self.console.print(final)
-
-
 # -- the session ------------------------------------------------------------------
 
 @dataclass
@@ -209,8 +59,8 @@ class Reply:
     prompt_tokens: int
 
 
-class ChatSession:
-    """A conversation on one Engine: history, template, commands, streaming and stats."""
+class ChatSession(Conversation):
+    """A conversation in the terminal: the session's history and template, plus commands, streaming and stats."""
 
     def __init__(
         self,
@@ -224,119 +74,43 @@ class ChatSession:
         verdict: dict | None = None,
         info: dict | None = None,
     ):
-        from .prompt import supports_thinking
-
-        self.engine = engine
-        self.model = engine.target
-        self.ui = ui
-        self.sampling = sampling
-        self.max_tokens = max_tokens
-        self.system = system
-        self.can_think = supports_thinking(self.model)
-        self.thinking = thinking if self.can_think else None
-        self.requested_thinking = thinking
-        self.has_drafter = engine.policy.max_draft > 0
-        self.info = info or {}
-        self.messages: list[dict] = []  # every turn; messages[self.first:] are in the context
-        self.first = 0
-        self.dropped = 0
-        self.turn_no = 0
-        self.total = Stats(drafter=engine.drafter.name if self.has_drafter else "none")
-        self.phase_total: dict[str, Stats] = {}
-        self.last: Reply | None = None
-        self.verdict = verdict
         start_on = True
         if verdict is not None:
             from .bench import apply_verdict
 
             start_on = apply_verdict(engine, verdict)
-        self.gate = PhaseGate(start_on=start_on)
-        self.draft_mode = draft_mode if self.has_drafter else "off"
-        self.policies = {"answer": engine.policy}
-        self._apply_draft_mode("answer")
+        session = Session(engine, draft_mode=draft_mode, gate=PhaseGate(start_on=start_on))
+        super().__init__(session, system=system, thinking=thinking if session.can_think else None, max_tokens=max_tokens)
+        self.engine = engine
+        self.model = engine.target
+        self.ui = ui
+        self.sampling = sampling
+        self.requested_thinking = thinking
+        self.info = info or {}
+        self.verdict = verdict
+        self.turn_no = 0
+        self.total = Stats(drafter=engine.drafter.name if session.has_drafter else "none")
+        self.phase_total: dict[str, Stats] = {}
+        self.last: Reply | None = None
 
-    # -- prompt building -----------------------------------------------------
-    def _render(self, messages: list[dict]) -> str:
-        from .prompt import render_chat
-
-        return render_chat(self.model, messages, add_generation_prompt=True, thinking=self.thinking)
-
-    def _context_messages(self, user: str) -> list[dict]:
-        sys_msg = [{"role": "system", "content": self.system}] if self.system else []
-        turns = [{"role": m["role"], "content": m["content"]} for m in self.messages[self.first :]]
-        return sys_msg + turns + [{"role": "user", "content": user}]
-
-    def reserve(self) -> int:
-        """Room kept free for the reply when deciding whether the history still fits."""
-        return min(self.max_tokens, max(32, self.engine.ctx.n_ctx // 4))
+    can_think = property(lambda self: self.session.can_think)
+    has_drafter = property(lambda self: self.session.has_drafter)
+    gate = property(lambda self: self.session.gate)
+    policies = property(lambda self: self.session.policies)
+    draft_mode = property(lambda self: self.session.draft_mode)
 
     def build_prompt(self, user: str) -> tuple[list[int], str]:
-        """Tokens of the next prompt; drops the oldest turns (never the system prompt) to fit."""
-        from .prompt import tokenize_prompt
-
-        n_ctx = self.engine.ctx.n_ctx
-        dropped, dropped_tokens = 0, 0
-        while True:
-            text = self._render(self._context_messages(user))
-            tokens = tokenize_prompt(self.model, text)
-            if len(tokens) + self.reserve() <= n_ctx:
-                break
-            nxt = self._next_turn_start(self.first)
-            if nxt is None:
-                raise LocalflashError(
-                    f"this message needs {len(tokens)} prompt tokens (+{self.reserve()} for the reply) "
-                    f"but the context holds {n_ctx}",
-                    hint="shorten it, shorten the system prompt, or restart with a larger -c/--ctx",
-                )
-            before = len(tokens)
-            dropped += 1
-            self.first = nxt
-            dropped_tokens += before - len(tokenize_prompt(self.model, self._render(self._context_messages(user))))
-        if dropped:
-            self.dropped += dropped
+        tokens, text = super().build_prompt(user)
+        turns, dropped = self.last_trim
+        if turns:
             self.ui.notice(
-                f"context full: dropped the {'oldest turn' if dropped == 1 else f'{dropped} oldest turns'} "
-                f"({dropped_tokens} tokens) to fit {n_ctx}; the system prompt stays"
+                f"context full: dropped the {'oldest turn' if turns == 1 else f'oldest turns, {turns} of them'} ({dropped} tokens): "
+                f"the prompt is now {len(tokens)} of {self.session.n_ctx}, so the next turns reuse the cache; the system prompt stays"
             )
         return tokens, text
 
-    def _next_turn_start(self, i: int) -> int | None:
-        """Index just past the turn that starts at ``i`` (None: no turn left to drop)."""
-        if i >= len(self.messages):
-            return None
-        j = i + 1
-        while j < len(self.messages) and self.messages[j]["role"] != "user":
-            j += 1
-        return j
-
-    # -- drafting control ------------------------------------------------------
-    def _policy_for(self, phase: str):
-        if phase not in self.policies:
-            from .speculative.adapt import DraftPolicy
-
-            base = self.policies["answer"]
-            p = DraftPolicy(base.max_draft, base.adaptive, base.draft_cost_grows)
-            p.verify, p.draft = base.verify, base.draft  # costs belong to the machine, acceptance to the phase
-            self.policies[phase] = p
-        return self.policies[phase]
-
-    def _apply_draft_mode(self, phase: str) -> None:
-        if not self.has_drafter:
-            self.engine.drafting = False
-            return
-        self.engine.policy = self._policy_for(phase)
-        if self.draft_mode == "on":
-            self.engine.drafting = True
-        elif self.draft_mode == "off":
-            self.engine.drafting = False
-        else:
-            self.engine.drafting = self.gate.wants(phase)
-
     # -- a turn ------------------------------------------------------------------
     def turn(self, user: str) -> Reply | None:
-        from .prompt import TextStream
-        from .speculative.sampling import SamplingParams
-
         try:
             tokens, text = self.build_prompt(user)
         except LocalflashError as e:
@@ -344,71 +118,41 @@ class ChatSession:
             return None
         self.turn_no += 1
         seed = None if self.sampling.seed is None else self.sampling.seed + self.turn_no
-        sampling: SamplingParams = replace(self.sampling, seed=seed)
-        tracker = PhaseTracker(initial_phase(text) if self.can_think else "answer")
-        self._apply_draft_mode(tracker.phase)
-        stream = TextStream(self.model)
-        st = Stats()
-        phases: dict[str, Stats] = {}
-        pieces: list[str] = []
-        emitted: list[int] = []
-        gate_notes: list[str] = []
         recent: deque = deque()
         hard = False
         self.ui.start_reply()
-        gen = self.engine.generate(tokens, self.max_tokens, sampling, st)
-        t_first = None
         with StopFlag() as stop:
+            gen = self.session.start(tokens, text, max_tokens=self.max_tokens, sampling=replace(self.sampling, seed=seed), cancel=stop)
             try:
-                prev, t_prev = copy.deepcopy(st), time.perf_counter()
-                for new in gen:
+                for chunk in gen:
+                    if chunk.text:
+                        self.ui.push(chunk.text)
                     now = time.perf_counter()
-                    phase = tracker.phase
-                    if t_first is None:
-                        t_first = now
-                    else:
-                        cyc = diff_stats(st, prev, now - t_prev)
-                        phases.setdefault(phase, Stats(drafter=st.drafter)).merge(cyc)
-                        if self.draft_mode == "auto" and self.has_drafter:
-                            msg = self.gate.observe(phase, cyc.committed, cyc.t_target + cyc.t_draft, self.engine.policy.verify(1))
-                            if msg:
-                                gate_notes.append(msg)  # shown after the reply; the status line shows the state now
-                    prev, t_prev = copy.deepcopy(st), now
-                    emitted += new
-                    piece = stream.push(new)
-                    pieces.append(piece)
-                    if piece:
-                        tracker.feed(piece)
-                        self.ui.push(piece)
-                    self._apply_draft_mode(tracker.phase)
-                    recent.append((now, st.generated))
+                    recent.append((now, chunk.stats.generated))
                     while len(recent) > 2 and now - recent[0][0] > 1.0:
                         recent.popleft()
-                    self.ui.status(self._status_line(st, recent, t_first, now, tracker))
-                    if stop.hit:
-                        break
+                    self.ui.status(self._status_line(chunk.stats, recent, gen.t_first, now, gen.tracker))
             except KeyboardInterrupt:
                 hard = True
             finally:
                 gen.close()
-        tail = stream.flush()
+        tail = gen.unsent()
         if tail:
-            pieces.append(tail)
             self.ui.push(tail)
         interrupted = hard or stop.hit
         if hard:
             self.engine.reset()  # stopped mid-cycle: the cache may hold half a cycle
-        reply_text = "".join(pieces)
+        st = gen.stats
         self.total.merge(st)
-        for ph, s in phases.items():
+        for ph, s in gen.phases.items():
             self.phase_total.setdefault(ph, Stats(drafter=s.drafter)).merge(s)
         self.messages.append({"role": "user", "content": user})
-        self.messages.append({"role": "assistant", "content": reply_text})
-        reply = Reply(reply_text, emitted, st, phases, interrupted, len(tokens))
+        self.messages.append({"role": "assistant", "content": gen.text})
+        reply = Reply(gen.text, gen.tokens, st, gen.phases, interrupted, len(tokens))
         self.messages[-1]["meta"] = self._reply_meta(reply)
         self.last = reply
-        self.ui.end_reply(self._final_line(reply, tracker))
-        for msg in gate_notes:
+        self.ui.end_reply(self._final_line(reply, gen.tracker))
+        for msg in gen.notes:
             self.ui.notice(msg, "magenta")
         if interrupted:
             self.ui.notice(
@@ -545,8 +289,7 @@ class ChatSession:
             elif not self.has_drafter:
                 ui.notice("no drafter in this session (plain decoding); start with a pair or --drafter", "bold red")
             else:
-                self.draft_mode = arg
-                self._apply_draft_mode("answer")
+                self.session.set_draft_mode(arg)
                 ui.notice(f"drafting {arg}" + (" (per phase, where it pays)" if arg == "auto" else ""), "green")
         elif name == "/think":
             if not self.can_think:

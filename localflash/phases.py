@@ -122,5 +122,3 @@ def diff_stats(now: Stats, before: Stats, wall: float) -> Stats:
         a, b = getattr(now, name), getattr(before, name)
         setattr(d, name, [x - (b[i] if i < len(b) else 0) for i, x in enumerate(a)])
     return d
-
-
