@@ -79,6 +79,9 @@ def run(
         out.flush()
         stats = chunk.stats
         typer.echo(stats.summary(), err=True)
+        off = engine.policy.off_reason() if engine.calibrated else None
+        if off:
+            typer.echo(off, err=True)
         if stats.stop == "context":
             typer.echo(f"stopped: the context is full at {n_ctx} tokens; raise -c/--ctx for a longer reply", err=True)
         elif stats.stop == "eog" and not stats.generated:

@@ -460,6 +460,11 @@ def make_plan(
 
 
 def _check_wishes(target: ModelMeta, drafter: ModelMeta | None, w: Wishes) -> None:
+    if target.is_dflash:
+        raise LocalflashError(
+            f"{target.path.name} is a DFlash drafter, not a target: it drafts for a model and cannot run alone",
+            hint=f"pass it with --drafter next to its target: -m TARGET.gguf --drafter {target.path}",
+        )
     if w.kv and w.kv not in GGML_TYPE_IDS:
         raise LocalflashError(f"unknown KV cache type {w.kv!r}", hint=f"choose one of {', '.join(KV_ORDER)}")
     if w.split not in ("layer", "tensor"):
@@ -600,17 +605,22 @@ def _refusal(pr: Pricer, w: Wishes, least: int, want: int, kvs: list[str]) -> Lo
         rows, host = pr.price(Config(least, kv, Placement((), (), 0)))
         smallest = (f"with a {kv} KV cache and {least} context it needs {format_size(host.used + w.margin)} of host RAM "
                     f"({format_size(pr.host.available)} available)")
+    trained = t.n_ctx_train
     options = []
     for p in _full_placements(pr, w):
         for k in kvs:
-            n = _largest_ctx(pr, p, k, want)
+            n = _largest_ctx(pr, p, k, min(want, trained) if trained else want)  # never offer more than it was trained on
             if n:
                 options.append((n, -kvs.index(k), k))
     if options:
         n, _, k = max(options)
         hint = f"largest context that fits: {n} with {k} KV (--ctx {n} --kv {k})"
+        if n == trained:
+            hint = f"largest context that fits: {n} with {k} KV (--ctx {n} --kv {k}), all the model was trained on"
     else:
         hint = "no context fits with every layer on the GPU: use a smaller quant, a smaller drafter or more memory"
+    if trained and want > trained:
+        hint += f"; more than its trained {trained} tokens needs RoPE scaling (localflash does not set it up)"
     return LocalflashError(f"{t.name} does not fit: {smallest}", hint=hint)
 
 
@@ -668,7 +678,8 @@ def _build(pr: Pricer, c: Config, want: int, kvs: list[str], changes: list[Chang
     split_mode = p.split_mode if len(p.gpus) > 1 else "none"
     warnings = list(t.warnings) + (list(d.warnings) if d else [])
     if t.n_ctx_train and c.n_ctx > t.n_ctx_train:
-        warnings.append(f"context {c.n_ctx} is beyond the {t.n_ctx_train} tokens {t.name} was trained on")
+        warnings.append(f"context {c.n_ctx} is beyond the {t.n_ctx_train} tokens {t.name} was trained on: "
+                        "without RoPE scaling it writes poorly past that")
     if split_mode == "tensor":
         warnings.append("tensor split is experimental: it needs flash attention, an f16 KV cache and an NCCL build")
     return Plan(

@@ -72,3 +72,23 @@ def test_a_marginal_gain_is_not_taken():
     assert p.choose(100) == 0
     p.hits[0] = 0.2 * 1000  # +20%
     assert p.choose(100) == 1
+
+
+def test_drafting_off_is_explained_with_the_measured_costs():
+    p = _policy(1.0, 0.0, 0.2, max_draft=15)  # a verify of k+1 tokens costs k+1 steps, 20% accepted
+    assert p.choose(100) == 0
+    why = p.off_reason()
+    assert why.startswith("drafting off: here a 1-token draft costs 0.0× one target token and its 2-token verify 2.0×")
+    assert "for 1.20 tokens a pass (0.60× plain)" in why and why.endswith("as on a GPU")
+    cheap = _policy(0.0, 1.0, 0.02)  # verify free, drafts nearly never accepted
+    assert cheap.choose(100) == 0 and cheap.off_reason().endswith("the drafter's tokens are not accepted often enough here")
+    assert _policy(0.0, 1.0, 0.9).off_reason() is None  # drafting pays: nothing to explain
+    assert DraftPolicy(8).off_reason() is None  # nothing measured yet
+
+
+def test_run_says_why_drafting_went_off(lf, tiny_target, tiny_dflash):
+    # a random-weight DFlash drafter: nothing is accepted, and its forward costs more than the tiny target's
+    r = lf("run", "-m", tiny_target, "--drafter", tiny_dflash, "-n", "120", "-t", "1", "--raw", "one two three")
+    assert r.returncode == 0, r.stderr
+    why = [ln for ln in r.stderr.splitlines() if ln.startswith("drafting off:")]
+    assert len(why) == 1 and "one target token and its" in why[0] and "× plain)" in why[0], r.stderr

@@ -53,14 +53,19 @@ def _check_one_line(case: str, code: int, out: str, err: str, message: str) -> N
         ("prompt over a rounded context", ["run", "-m", "{target}", "-c", "16", "--raw", LONG],
          "but the context holds 256 (-c 16 rounded up: llama.cpp sizes the context in blocks of 256 tokens): no room to generate"),
         ("bad kv type", ["run", "-m", "{target}", "--kv", "q3", "hi"], "q3"),
+        ("drafter as target", ["run", "-m", "{dflash}", "hi"], "dflash.gguf is a DFlash drafter, not a target"),
+        ("drafter as target (chat)", ["chat", "-m", "{dflash}"], "dflash.gguf is a DFlash drafter, not a target"),
+        ("drafter as target (plan)", ["plan", "-m", "{dflash}"], "dflash.gguf is a DFlash drafter, not a target"),
         ("full layers without a window", ["train-drafter", "--target", "{target}", "--prompts", "{target}", "--out", "{missing}",
                                           "--full-layers", "1"], "needs --sliding-window"),
     ],
 )
-def test_file_mistakes_are_one_line(lf, bad_files, tiny_target, case, args, message):
-    names = {k: str(v) for k, v in bad_files.items()} | {"target": str(tiny_target)}
+def test_file_mistakes_are_one_line(lf, bad_files, tiny_target, tiny_dflash, case, args, message):
+    names = {k: str(v) for k, v in bad_files.items()} | {"target": str(tiny_target), "dflash": str(tiny_dflash)}
     r = lf(*[a.format(**names) for a in args], input="")
     _check_one_line(case, r.returncode, r.stdout, r.stderr, message.format(**names))
+    if case.startswith("drafter as target"):
+        assert "hint: pass it with --drafter next to its target" in r.stderr
     if case.startswith("truncated"):  # refused by the GGUF header reader or by llama.cpp's loader
         assert "not a readable GGUF file" in r.stderr or "could not load" in r.stderr, r.stderr
 

@@ -298,3 +298,15 @@ def test_plan_command_json(shaped, tmp_path, capsys):
     plan_command(target=str(t), drafter=str(d), vram="24GiB", json_out=True, console=Console(), detected=[], host=HOST)
     doc = json.loads(capsys.readouterr().out)
     assert doc["runtime_kwargs"]["n_gpu_layers"] == 66 and doc["devices"][0]["budget"] == 24 * GiB - 512 * MiB
+
+
+def test_context_suggestions_stop_at_the_trained_context(lf, smollm2, shaped):
+    r = lf("run", "-m", smollm2, "-c", "99999999", "-t", "1", "hi")  # an 8K-token model
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    hint = next(ln for ln in r.stderr.splitlines() if ln.startswith("hint:"))
+    assert "largest context that fits: 8192 with f16 KV (--ctx 8192 --kv f16), all the model was trained on" in hint
+    assert "more than its trained 8192 tokens needs RoPE scaling" in hint
+    with pytest.raises(LocalflashError) as e:
+        make_plan(shaped["32b"], None, [card(24)], HOST, Wishes(ctx=10**8, kv="f16"))
+    n = int(e.value.hint.split("--ctx ")[1].split()[0])
+    assert 0 < n <= shaped["32b"].n_ctx_train and "RoPE scaling" in e.value.hint

@@ -125,6 +125,26 @@ class DraftPolicy:
         self.last_choice = best
         return best
 
+    def off_reason(self) -> str | None:
+        """Why the cost model keeps drafting off, in words and measured numbers; None while drafting pays."""
+        plain = self.cost(0)
+        if not (self.adaptive and self.max_draft) or not plain:
+            return None
+        costs = [plain]
+        for k in range(1, self.max_draft + 1):
+            costs.append(max(self.cost(k) or 0.0, costs[-1]))  # as choose(): a longer draft never costs less
+        k = max(range(1, self.max_draft + 1), key=lambda k: self.expected_tokens(k) / costs[k])
+        gain = self.expected_tokens(k) / (costs[k] / plain)
+        if gain > 1.0 + MARGIN:
+            return None
+        verify = min(max(self.verify(k + 1) or plain, plain), costs[k]) / plain  # never below one token (as choose())
+        draft = costs[k] / plain - verify
+        text = (f"drafting off: here a {k}-token draft costs {draft:.1f}× one target token and its {k + 1}-token verify "
+                f"{verify:.1f}×, for {self.expected_tokens(k):.2f} tokens a pass ({gain:.2f}× plain)")
+        if verify + draft >= 2:
+            return text + "; drafting pays where both are nearly free next to one token, as on a GPU"
+        return text + "; the drafter's tokens are not accepted often enough here"
+
     def record(self, n_drafted: int, n_accepted: int, t_verify: float, t_draft: float) -> None:
         self.verify.add(n_drafted + 1, t_verify)
         if n_drafted:
