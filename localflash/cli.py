@@ -79,7 +79,7 @@ def run(
         out.flush()
         stats = chunk.stats
         typer.echo(stats.summary(), err=True)
-        off = engine.policy.off_reason() if engine.calibrated else None
+        off = llm.engine.policy.off_reason() if llm.engine.calibrated else None
         if off:
             typer.echo(off, err=True)
         if stats.stop == "context":
