@@ -268,6 +268,9 @@ class Generation:
                 phase = self.tracker.phase
                 if self.t_first is None:
                     self.t_first = now
+                    # an engine that had to resume earlier than the shared prefix (a recurrent state
+                    # checkpoint) may say so in st.cached_tokens; never report more than it kept
+                    self.cached_tokens = st.cached_tokens = min(self.cached_tokens, st.cached_tokens)
                 else:
                     cyc = diff_stats(st, prev, now - t_prev)
                     self.phases.setdefault(phase, Stats(drafter=st.drafter)).merge(cyc)
