@@ -25,7 +25,7 @@ from .registry import base_kind, data_dir
 from .speculative.stats import Stats
 
 PROMPT_SETS = ("spec_bench", "humaneval")
-MODES = ("none", "ngram", "draft", "dflash", "draft+ngram", "dflash+ngram")
+MODES = ("none", "ngram", "draft", "dflash", "draft+ngram", "dflash+ngram", "eagle3", "eagle3+ngram")
 SYNTHETIC = "synthetic"  # benchmark-only oracle drafter modes, "synthetic@ALPHA": not in verdicts
 HUMANEVAL_INSTRUCTION = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{prompt}\n```"
 VERDICT_FILE = "verdicts.json"
@@ -347,7 +347,7 @@ def check_modes(modes: list[str], cfg, synthetic: list[str] | None = None) -> li
             continue
         if m not in MODES:
             raise LocalflashError(f"unknown bench mode {m!r}", hint=f"use a comma list of {', '.join(MODES)}")
-        if base_kind(m) in ("draft", "dflash") and cfg.drafter is None and not cfg.derive:
+        if base_kind(m) in ("draft", "dflash", "eagle3") and cfg.drafter is None and not cfg.derive:
             raise LocalflashError(f"bench mode {m} needs a drafter", hint="pass --drafter PATH or a pair that has one")
         out.append(m)
     return out

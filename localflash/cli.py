@@ -175,7 +175,7 @@ def bench(
                 from .llama import Model, ModelOptions
 
                 probe = Model(cfg.drafter, ModelOptions(n_gpu_layers=0))
-                kind = "dflash" if probe.arch == "dflash" else "draft"
+                kind = {"dflash": "dflash", "eagle3": "eagle3"}.get(probe.arch, "draft")
                 probe.close()
             elif cfg.derive:
                 kind = "draft"

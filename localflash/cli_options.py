@@ -66,7 +66,7 @@ MAX_TOKENS = Flag(int, 256, ("--max-tokens", "-n"), "Longest reply in tokens (be
 RAW = Flag(bool, False, ("--raw",), "Send the prompt as is, without the chat template.")
 SYSTEM = Flag(Optional[str], None, ("--system", "-s"), "System prompt (chat template only).")
 PAIR = Flag(Optional[str], None, ("--pair", "-p"), "A pair from models.toml.")
-DRAFTER = Flag(Optional[str], None, ("--drafter",), "Drafter GGUF (DFlash or a small model), next to its target.")
+DRAFTER = Flag(Optional[str], None, ("--drafter",), "Drafter GGUF (DFlash, EAGLE-3 or a small model), next to its target.")
 MODEL = Flag(Optional[str], None, ("--model", "-m"), "Target GGUF file.")
 DRAFT_MAX = Flag(Optional[int], None, ("--draft-max",), "Longest draft per cycle.")
 
@@ -74,7 +74,7 @@ LOAD_FLAGS = {
     "pair": PAIR,
     "model": MODEL,
     "drafter": DRAFTER,
-    "spec": Flag(str, "auto", ("--spec",), "auto | none | dflash | draft | ngram; dflash+ngram / draft+ngram try prompt lookup first."),
+    "spec": Flag(str, "auto", ("--spec",), "auto | none | dflash | draft | eagle3 | ngram; dflash+ngram / draft+ngram / eagle3+ngram try prompt lookup first."),
     "draft_max": DRAFT_MAX,
     "fixed": Flag(bool, False, ("--fixed",), "Always draft --draft-max tokens (no adaptive length)."),
     "ctx": Flag(Optional[int], None, ("--ctx", "-c"), "Context size in tokens (default: the pair's, else 4096; bench: what the longest prompt needs)."),

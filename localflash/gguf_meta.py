@@ -112,6 +112,8 @@ class ModelMeta:
     block_size: int  # DFlash draft block (positions drafted per step); 0 for other models
     tensors: list[TensorInfo]
     warnings: list[str] = field(default_factory=list)
+    selector_top_k: int = 0  # DFlash2: candidates per block position (0: DFlash1 or not a DFlash file)
+    target_hidden_size: int = 0  # EAGLE-3: width of each tapped target layer
 
     @property
     def n_layer_all(self) -> int:
@@ -135,6 +137,10 @@ class ModelMeta:
         return self.arch == "dflash"
 
     @property
+    def is_eagle3(self) -> bool:
+        return self.arch == "eagle3"
+
+    @property
     def has_own_head(self) -> bool:
         """False for drafters that borrow the target's ``output`` (and ``token_embd``) through ``ctx_other``."""
         return any(t.name.startswith(("output.", "token_embd.")) for t in self.tensors)
@@ -142,6 +148,8 @@ class ModelMeta:
     @property
     def n_embd_inp(self) -> int:
         """Width entering block 0: DFlash drafters take ``len(target_layers)`` target hidden states."""
+        if self.is_eagle3:
+            return len(self.target_layers) * self.target_hidden_size
         return len(self.target_layers) * self.n_embd if self.is_dflash else self.n_embd
 
     def loaded(self, t: TensorInfo) -> bool:
@@ -435,6 +443,8 @@ def _meta_from_reader(path: Path, reader) -> ModelMeta:
         block_size=int(get(f"{a}.block_size", 0) or 0),
         tensors=tensors,
         warnings=warnings,
+        selector_top_k=int(get(f"{a}.selector_top_k", 0) or 0),
+        target_hidden_size=int(get(f"{a}.target_hidden_size", 0) or 0),
     )
 
 

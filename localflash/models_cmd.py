@@ -139,8 +139,8 @@ def check_pair(pair: Pair) -> tuple[list[tuple[str, bool | None, str]], bool]:
         if kind == "draft" and size_d > 0.5 * size_t:
             add("speed", None, "a draft model over half the target's size rarely pays; check with `localflash bench`")
         if kind == "draft":
-            if drafter.arch == "dflash":
-                add("drafter arch", False, "a DFlash drafter in a pair of kind 'draft' (set kind = \"dflash\")")
+            if drafter.arch in ("dflash", "eagle3"):
+                add("drafter arch", False, f"a {drafter.arch} drafter in a pair of kind 'draft' (set kind = \"{drafter.arch}\")")
             else:
                 add("drafter arch", True, f"{drafter.arch}: {drafter.n_layer} layers, width {drafter.n_embd}")
             try:
@@ -171,12 +171,44 @@ def check_pair(pair: Pair) -> tuple[list[tuple[str, bool | None, str]], bool]:
             if drafter.arch == "dflash":
                 bs = drafter.meta("dflash.block_size")
                 add("block", None, f"block size {bs or 16}, mask token {drafter.mask_token()}")
+                if drafter.dflash_selector_top_k():
+                    add("selector", None, f"DFlash2: top-{drafter.dflash_selector_top_k()} candidates per position, "
+                        f"conv kernel {drafter.meta('dflash.conv_kernel_size')}")
                 if ok:
                     try:
                         check_dflash_pair(target, drafter)
                     except LocalflashError as e:
                         add("pair", False, e.message)
+        elif kind == "eagle3":
+            _check_eagle3(add, target, drafter, ok)
         drafter.close()
     target.close()
     add("context", None, f"ctx {pair.ctx}, draft max {pair.draft_max}, drafter trained with thinking: {'yes' if pair.thinking else 'no'}")
     return rows, ok
+
+
+def _check_eagle3(add, target, drafter, ok: bool) -> None:
+    """The EAGLE-3 rows of ``models check``: arch, tapped layers, target width, vocabulary."""
+    from .speculative.dflash import LAYER_INPUT_ARCHS
+    from .speculative.eagle3 import check_eagle3_pair
+
+    if drafter.arch != "eagle3":
+        hint = " (a DFlash drafter: set kind = \"dflash\")" if drafter.arch == "dflash" else ""
+        add("drafter arch", False, f"{drafter.arch}, expected eagle3{hint}")
+        return
+    add("drafter arch", True, f"eagle3: width {drafter.n_embd}")
+    add("layer inputs", target.arch in LAYER_INPUT_ARCHS,
+        f"{target.arch} " + ("exports layer inputs" if target.arch in LAYER_INPUT_ARCHS else "cannot export layer inputs"))
+    ids = drafter.target_layer_ids()
+    inside = len(ids) == 3 and max(ids) < target.n_layer and min(ids) >= 0
+    add("layer ids", inside, f"{ids} within 0..{target.n_layer - 1}" if inside else f"{ids} do not fit 0..{target.n_layer - 1}")
+    hidden = int(drafter.meta("eagle3.target_hidden_size") or 0)
+    add("target width", hidden == target.n_embd, f"target_hidden_size {hidden}, target {target.n_embd}")
+    add("vocabulary", drafter.n_vocab == target.n_vocab, f"drafter {drafter.n_vocab}, target {target.n_vocab}")
+    d2t = tensor_shape(drafter.path, "d2t")
+    add("draft vocabulary", None, f"{d2t[0]} ids mapped to the target's by d2t" if d2t else "the target's (no d2t)")
+    if ok and inside and hidden == target.n_embd:
+        try:
+            check_eagle3_pair(target, drafter)
+        except LocalflashError as e:
+            add("pair", False, e.message)

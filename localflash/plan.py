@@ -52,6 +52,7 @@ GPU_BANDWIDTH = 936e9  # RTX 3090-class GDDR6X
 HOST_BANDWIDTH = 60e9  # dual-channel DDR5
 EXPERT_PATTERN = r"ffn_(up|down|gate|gate_up)_exps"
 PIPELINE_COPIES = 4  # GGML_SCHED_MAX_COPIES
+EAGLE3_ENCODE_ROWS = 16  # rows per EAGLE-3 encoder pass (speculative/eagle3.py): its output buffer holds that many logits rows
 
 
 @dataclass
@@ -232,7 +233,7 @@ def compute_bytes(
             stage = max(stage, 3 * T * k * fe * 4 + T * k * E * 4 + 5 * ET + 3 * T * x * 4)
         if meta.n_ff:
             stage = max(stage, 3 * meta.n_ff * T * 4 + 4 * ET)
-        if meta.is_dflash:
+        if meta.is_dflash or meta.is_eagle3:
             stage = max(stage, 2 * meta.n_embd_inp * T * 4 + ET)  # fc over the concatenated target features
     out_stage = 0
     if output:
@@ -373,7 +374,7 @@ class Pricer:
             host.target_compute = self.compute(t, host_layers, out_dev is None, c.n_ctx, c.kv, False, self.n_outputs)
         if gpu_rows:
             host.target_compute += 2 * t.n_embd * T * 4  # token embedding rows gathered on the host
-        taps = len(self.d.target_layers) if self.d is not None and self.d.is_dflash else 0
+        taps = len(self.d.target_layers) if self.d is not None and (self.d.is_dflash or self.d.is_eagle3) else 0
         host.overhead = t.output_vocab * self.n_outputs * 4 + taps * t.n_embd * w.n_batch * 4
 
         if self.d is not None:
@@ -409,7 +410,12 @@ class Pricer:
         row.drafter_weights = sum(d.layer_bytes) + d.output_bytes + (d.tied_head_bytes if on_gpu else 0)
         host.drafter_weights += d.input_bytes
         row.drafter_kv, row.drafter_compute = self._drafter_cost(c, self.drafter_kv(c), cuda=on_gpu)
-        host.overhead += d.output_vocab * (d.block_size or 1) * 4
+        if d.is_eagle3:  # the encoder outputs every row: logits and g buffers sized by its chunk
+            host.overhead += (d.n_vocab + d.n_embd) * EAGLE3_ENCODE_ROWS * 4
+        else:
+            host.overhead += d.output_vocab * (d.block_size or 1) * 4
+        if d.selector_top_k:  # DFlash2: one lattice row per batch position
+            host.overhead += d.n_embd * self.w.n_batch * 4
 
     def fits(self, c: Config) -> bool:
         rows, host = self.price(c)
@@ -472,6 +478,18 @@ def _check_wishes(target: ModelMeta, drafter: ModelMeta | None, w: Wishes) -> No
         raise LocalflashError(f"unsupported split mode {w.split!r}", hint=hint or "use layer (default) or tensor")
     if w.split == "tensor" and w.kv and w.kv not in ("f16", "bf16", "f32"):
         raise LocalflashError("tensor split needs an f16/bf16/f32 KV cache", hint="drop --kv or use --kv f16")
+    if drafter is not None and drafter.is_dflash and not drafter.selector_top_k and any(
+        t.name == "selector_hidden.weight" for t in drafter.tensors
+    ):
+        raise LocalflashError(
+            f"{drafter.path.name} is a DFlash2 drafter without its conv/selector metadata (dflash.selector_top_k etc.)",
+            hint="convert it again with a converter that writes the DFlash2 keys (localflash convert-drafter does)",
+        )
+    if drafter is not None and drafter.is_eagle3 and drafter.target_hidden_size != target.n_embd:
+        raise LocalflashError(
+            f"EAGLE-3 drafter expects target_hidden_size {drafter.target_hidden_size} but the target is {target.n_embd} wide",
+            hint="pair it with the target it was trained for",
+        )
     if drafter is not None and drafter.is_dflash and not drafter.has_own_head and drafter.n_embd != target.n_embd:
         raise LocalflashError(
             f"drafter width {drafter.n_embd} differs from the target's {target.n_embd}",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .errors import LocalflashError
 
-KINDS = ("dflash", "draft", "ngram", "none", "dflash+ngram", "draft+ngram")
+KINDS = ("dflash", "draft", "ngram", "none", "dflash+ngram", "draft+ngram", "eagle3", "eagle3+ngram")
 LOOKUP = "+ngram"  # suffix of a model drafter kind: prompt lookup is tried first each cycle
 SHIPPED = Path(__file__).resolve().with_name("models.toml")
 
@@ -100,7 +100,7 @@ def _pair(name: str, raw: dict, source: Path) -> Pair:
             drafter = cache_dir() / "derived" / f"{target.stem}.{derive}.gguf"
         else:
             drafter = resolve_path(drafter_spec, source)
-    if base_kind(kind) in ("dflash", "draft") and drafter is None:
+    if base_kind(kind) in ("dflash", "draft", "eagle3") and drafter is None:
         raise LocalflashError(f"{source}: pair {name!r} of kind {kind} needs a drafter")
     try:
         return Pair(

@@ -11,8 +11,9 @@ from pathlib import Path
 from .errors import LocalflashError
 from .registry import LOOKUP, Pair, base_kind, get_pair
 
-SPECS = ("auto", "none", "dflash", "draft", "ngram", "dflash+ngram", "draft+ngram")
+SPECS = ("auto", "none", "dflash", "draft", "ngram", "dflash+ngram", "draft+ngram", "eagle3", "eagle3+ngram")
 SYNTHETIC = "synthetic"  # a bench mode only (`bench --modes synthetic`), never a --spec: see speculative/synthetic.py
+MODEL_DRAFTERS = ("dflash", "draft", "eagle3")  # kinds that load a drafter file
 
 
 @dataclass
@@ -73,7 +74,7 @@ def drafter_kind(cfg: RunConfig, drafter_arch: str | None) -> str:
         return cfg.spec
     if cfg.drafter is None and cfg.derive is None:
         return "ngram"
-    return "dflash" if drafter_arch == "dflash" else "draft"
+    return {"dflash": "dflash", "eagle3": "eagle3"}.get(drafter_arch or "", "draft")
 
 
 def ensure_drafter_file(cfg: RunConfig) -> Path | None:
@@ -94,20 +95,21 @@ def open_engine(cfg: RunConfig, target=None):
     from .speculative.dflash import DFlashDrafter
     from .speculative.draft_model import DraftModelDrafter
     from .speculative.drafter import LookupFirstDrafter, NgramDrafter
+    from .speculative.eagle3 import Eagle3Drafter
     from .speculative.loop import Engine
     from .plan import runtime_kwargs
 
-    drafter_path = ensure_drafter_file(cfg) if base_kind(cfg.spec) in ("auto", "dflash", "draft") else None
+    drafter_path = ensure_drafter_file(cfg) if base_kind(cfg.spec) in ("auto", *MODEL_DRAFTERS) else None
     kind = drafter_kind(cfg, _arch_of(drafter_path))
     lookup = kind.endswith(LOOKUP)
     kind = base_kind(kind)
-    if kind in ("dflash", "draft") and drafter_path is None:
+    if kind in MODEL_DRAFTERS and drafter_path is None:
         raise LocalflashError(f"--spec {kind} needs a drafter file", hint="pass --drafter PATH or use a pair")
     synthetic = kind.startswith(SYNTHETIC)  # bench only: "synthetic@ALPHA", an oracle drafter
-    max_draft = 8 if synthetic else {"dflash": 15, "draft": 8, "ngram": 8, "none": 0}[kind]
+    max_draft = 8 if synthetic else {"dflash": 15, "draft": 8, "eagle3": 8, "ngram": 8, "none": 0}[kind]
     if cfg.draft_max is not None:
         max_draft = min(max_draft, cfg.draft_max) if kind == "dflash" else cfg.draft_max
-    plan = plan_for(cfg, drafter_path if kind in ("dflash", "draft") else None, max_draft)
+    plan = plan_for(cfg, drafter_path if kind in MODEL_DRAFTERS else None, max_draft)
     kw = runtime_kwargs(plan)
     if target is None:
         n_gpu_layers = kw["n_gpu_layers"] if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
@@ -122,7 +124,7 @@ def open_engine(cfg: RunConfig, target=None):
             ),
         )
     drafter_model = None
-    if kind in ("dflash", "draft"):
+    if kind in MODEL_DRAFTERS:
         d = kw["drafter"] or {}
         drafter_model = Model(drafter_path, ModelOptions(n_gpu_layers=d.get("n_gpu_layers", -1), split_mode=0, main_gpu=d.get("main_gpu", 0)))
     n_rs = max_draft + 1 if target.arch in RECURRENT_ARCHS else 0
@@ -141,7 +143,9 @@ def open_engine(cfg: RunConfig, target=None):
     )
     drafter_ctx = min(plan.drafter_n_ctx or plan.n_ctx, plan.n_ctx)
     if kind == "dflash":
-        drafter = DFlashDrafter(drafter_model, target, ctx, drafter_ctx + 16, n_threads=cfg.threads)
+        drafter = DFlashDrafter(drafter_model, target, ctx, drafter_ctx + 16, n_threads=cfg.threads, p_min=cfg.p_min)
+    elif kind == "eagle3":
+        drafter = Eagle3Drafter(drafter_model, target, ctx, drafter_ctx + max_draft + 1, max_draft, cfg.p_min, n_threads=cfg.threads)
     elif kind == "draft":
         drafter = DraftModelDrafter(drafter_model, target, drafter_ctx, max_draft, cfg.p_min, n_threads=cfg.threads)
     elif kind == "ngram":

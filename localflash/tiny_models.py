@@ -275,6 +275,8 @@ def write_dflash_gguf(
         w.add_float32("dflash.embedding_scale", float(spec.embedding_scale))
     if n_target_layers is not None:
         w.add_uint32("dflash.n_target_layers", int(n_target_layers))
+    for key, value in getattr(spec, "dflash2_keys", lambda: {})().items():
+        w.add_uint32(f"dflash.{key}", int(value))
     w.add_file_type(1 if float_type == "F16" else 0)
 
     def load(name: str) -> np.ndarray:
@@ -330,6 +332,169 @@ def write_dflash(path: str | Path, spec: DFlashSpec | None = None, **kw) -> Path
     """Write a tiny random DFlash drafter (borrows the target's embedding and head)."""
     spec = spec or DFlashSpec(**kw)
     return write_dflash_gguf(path, spec, dflash_tensors(spec))
+
+
+@dataclass
+class DFlash2Spec(DFlashSpec):
+    """A tiny DFlash2 drafter: DFlashSpec plus the two-tap dynamic convolution and the top-k selector.
+
+    Tensors and keys follow the DFlash2 branch of ``src/models/dflash.cpp``:
+    per layer ``attn_conv_base``/``ffn_conv_base`` ``[2, kernel, n_embd]`` and
+    ``attn_conv_proj``/``ffn_conv_proj`` ``[2 * kernel * groups, n_embd]``;
+    ``selector_predecessor``/``selector_successor`` ``[n_vocab, rank]`` and
+    ``selector_hidden`` ``[rank, n_embd]``. ``omit_keys`` drops the
+    conv/selector metadata (a broken file, for the error path).
+    """
+
+    block_size: int = 8
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 16
+    selector_top_k: int = 4
+    selector_scale: float = 0.5  # std of the codebooks: how much the pairwise score reorders the top-k
+    omit_keys: bool = False
+
+    def dflash2_keys(self) -> dict[str, int]:
+        if self.omit_keys:
+            return {}
+        return {
+            "conv_kernel_size": self.conv_kernel_size,
+            "conv_group_size": self.conv_group_size,
+            "selector_rank": self.selector_rank,
+            "selector_top_k": self.selector_top_k,
+        }
+
+
+def dflash2_tensors(spec: DFlash2Spec, n_vocab: int = 32000) -> dict[str, np.ndarray]:
+    """Random DFlash2 weights: the DFlash ones plus convolutions and selector."""
+    t = dflash_tensors(spec)
+    rand = _Weights(spec.seed + 1000, 0.0)
+    d, kernel = spec.n_embd, spec.conv_kernel_size
+    projected = 2 * kernel * (d // spec.conv_group_size)
+    for i in range(spec.n_layer):
+        for part in ("attn", "ffn"):
+            base = np.zeros((2, kernel, d), np.float32)
+            base[:, 0, :] = 1.0  # tap 0 (the position itself) passes through; the others mix in neighbours
+            t[f"blk.{i}.{part}_conv_base"] = base + rand((2, kernel, d), 0.1)
+            t[f"blk.{i}.{part}_conv_proj.weight"] = rand((projected, d), 0.05)
+    t["selector_predecessor.weight"] = rand((n_vocab, spec.selector_rank), spec.selector_scale)
+    t["selector_successor.weight"] = rand((n_vocab, spec.selector_rank), spec.selector_scale)
+    t["selector_hidden.weight"] = rand((spec.selector_rank, d), 1.0 / np.sqrt(d))
+    return t
+
+
+def write_dflash2(path: str | Path, spec: DFlash2Spec | None = None, **kw) -> Path:
+    """Write a tiny random DFlash2 drafter (borrows the target's embedding and head)."""
+    spec = spec or DFlash2Spec(**kw)
+    return write_dflash_gguf(path, spec, dflash2_tensors(spec), name=f"dflash2-{spec.n_embd}x{spec.n_layer}")
+
+
+@dataclass
+class Eagle3Spec:
+    """A tiny EAGLE-3 drafter (arch ``eagle3``, ``src/models/eagle3.cpp``): fc over three tapped
+    target layers, one decoder layer on ``[norm(token embedding), norm(g)]``.
+
+    ``target_layers`` are layer-input ids of the target (llama.cpp's convention).
+    ``draft_vocab`` > 0 gives the drafter its own head over that many target ids
+    (``d2t``: every ``vocab_stride``-th id) and, with ``own_embeddings``, its own
+    token embedding, so it needs nothing of the target's weights. ``echo`` > 0
+    writes a drafter that is often right on a tiny target: its attention copies
+    the current token's normalised embedding (query = key = ``echo`` x that
+    embedding, value = it), the feed-forward is zero and ``fc_scale`` sets how
+    much of the fused target features is added (0.3: mostly right, 1: mostly not).
+    """
+
+    n_embd: int = 64
+    target_hidden_size: int = 64
+    n_head: int = 4
+    n_head_kv: int = 4
+    n_ff: int | None = None
+    target_layers: list[int] = field(default_factory=lambda: [1, 2, 3])
+    draft_vocab: int = 0
+    vocab_stride: int = 4
+    own_embeddings: bool = False
+    echo: float = 0.0
+    fc_scale: float = 1.0
+    norm_before_residual: bool = False
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    n_ctx_train: int = 4096
+    seed: int = 2
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def ff(self) -> int:
+        return self.n_ff or 4 * self.n_embd
+
+
+def eagle3_tensors(spec: Eagle3Spec, n_vocab: int = 32000) -> dict[str, np.ndarray]:
+    """Random (or echoing) EAGLE-3 weights under their GGUF names (NumPy shapes, row-major)."""
+    rand = _Weights(spec.seed, 0.0)
+    d, hd = spec.n_embd, spec.head_dim
+    n_feat = len(spec.target_layers) * spec.target_hidden_size
+    q_out, kv_out = spec.n_head * hd, spec.n_head_kv * hd
+    t: dict[str, np.ndarray] = {
+        "fc.weight": rand((d, n_feat), spec.fc_scale / np.sqrt(n_feat)),
+        "output_norm.weight": np.ones(d, np.float32),
+        "blk.0.attn_norm.weight": np.ones(d, np.float32),
+        "blk.0.attn_norm_2.weight": np.ones(d, np.float32),
+        "blk.0.ffn_norm.weight": np.ones(d, np.float32),
+    }
+    if spec.echo:
+        pick = np.zeros((d, 2 * d), np.float32)
+        pick[:, :d] = np.eye(d, dtype=np.float32)  # the token-embedding half of the concatenated input
+        t["blk.0.attn_q.weight"] = spec.echo * pick[:q_out]
+        t["blk.0.attn_k.weight"] = spec.echo * pick[:kv_out]
+        t["blk.0.attn_v.weight"] = pick[:kv_out]
+        t["blk.0.attn_output.weight"] = np.eye(d, q_out, dtype=np.float32)
+        for name, shape in (("gate", (spec.ff, d)), ("up", (spec.ff, d)), ("down", (d, spec.ff))):
+            t[f"blk.0.ffn_{name}.weight"] = np.zeros(shape, np.float32)
+    else:
+        t["blk.0.attn_q.weight"] = rand((q_out, 2 * d), 0.1)
+        t["blk.0.attn_k.weight"] = rand((kv_out, 2 * d), 0.1)
+        t["blk.0.attn_v.weight"] = rand((kv_out, 2 * d), 0.1)
+        t["blk.0.attn_output.weight"] = rand((d, q_out), 0.1)
+        t["blk.0.ffn_gate.weight"] = rand((spec.ff, d), 0.1)
+        t["blk.0.ffn_up.weight"] = rand((spec.ff, d), 0.1)
+        t["blk.0.ffn_down.weight"] = rand((d, spec.ff), 0.1)
+    if spec.draft_vocab:
+        t["d2t"] = (np.arange(spec.draft_vocab, dtype=np.int64) * spec.vocab_stride) % n_vocab
+        t["output.weight"] = rand((spec.draft_vocab, d), 0.5)
+    if spec.own_embeddings:
+        t["token_embd.weight"] = rand((n_vocab, d), 1.0)
+    return t
+
+
+def write_eagle3(path: str | Path, spec: Eagle3Spec | None = None, omit: tuple[str, ...] = (), **kw) -> Path:
+    """Write a tiny EAGLE-3 drafter; ``omit`` leaves out metadata keys (for the error paths)."""
+    spec = spec or Eagle3Spec(**kw)
+    path = Path(path)
+    w = GGUFWriter(str(path), "eagle3")
+    w.add_name(f"eagle3-{spec.n_embd}")
+    n_vocab = copy_tokenizer(w, vocab_path())
+    w.add_context_length(spec.n_ctx_train)
+    w.add_embedding_length(spec.n_embd)
+    w.add_block_count(1)
+    w.add_feed_forward_length(spec.ff)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_head_kv)
+    w.add_rope_dimension_count(spec.head_dim)
+    w.add_layer_norm_rms_eps(spec.rms_eps)
+    w.add_rope_freq_base(spec.rope_theta)
+    w.add_vocab_size(n_vocab)
+    if "target_layers" not in omit:
+        w.add_array("eagle3.target_layers", [int(x) for x in spec.target_layers])
+    if "target_hidden_size" not in omit:
+        w.add_uint32("eagle3.target_hidden_size", spec.target_hidden_size)
+    w.add_bool("eagle3.norm_before_residual", spec.norm_before_residual)
+    w.add_file_type(0)
+    for name, arr in eagle3_tensors(spec, n_vocab).items():
+        w.add_tensor(name, arr)
+    _finish(w)
+    return path
 
 
 def _finish(w: GGUFWriter) -> None:

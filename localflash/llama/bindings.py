@@ -110,6 +110,12 @@ _EXT_SIGNATURES = {
         [ctypes.c_void_p, ctypes.c_int32],
         ctypes.POINTER(ctypes.c_float),
     ),
+    "llama_model_dflash_selector_top_k": (
+        "_Z33llama_model_dflash_selector_top_kPK11llama_model",
+        "?llama_model_dflash_selector_top_k@@YAHPEBUllama_model@@@Z",
+        [ctypes.c_void_p],
+        ctypes.c_int32,
+    ),
     "llama_model_get_tok_embd": (
         "_Z24llama_model_get_tok_embdPK11llama_modelPf",
         "?llama_model_get_tok_embd@@YAIPEBUllama_model@@PEAM@Z",

@@ -112,6 +112,10 @@ class Model:
         ids = x.llama_model_target_layer_ids(self.ptr)
         return [ids[i] for i in range(n)]
 
+    def dflash_selector_top_k(self) -> int:
+        """Candidates per block position of a DFlash2 selector; 0 for DFlash1 and other models."""
+        return int(ext().llama_model_dflash_selector_top_k(self.ptr))
+
     def mask_token(self) -> int:
         return lib().llama_vocab_mask(self.vocab)
 
@@ -255,6 +259,10 @@ class Context:
         self.n_last = n
         return n_out
 
+    def last_tokens(self) -> np.ndarray:
+        """The token ids of the last token decode (a view, valid until the next one)."""
+        return self._batch.token[: self.n_last]
+
     def decode_embd(self, rows: np.ndarray, start_pos: int) -> None:
         """Decode a batch of float input rows (e.g. DFlash target features); no outputs."""
         n, width = rows.shape
@@ -326,6 +334,18 @@ class Context:
         ptr = ext().llama_get_embeddings_layer_inp(self.ptr, lid)
         if not ptr:
             raise LocalflashError(f"layer {lid} inputs were not captured", hint="call capture_layer_inputs first")
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_embd))
+
+    # -- nextn outputs (DFlash2 selector lattice, EAGLE-3 hidden states) ---
+    def output_nextn(self, masked: bool) -> None:
+        """Make decodes output the graph's ``h_nextn`` rows: only output rows (``masked``) or every row."""
+        ext().llama_set_embeddings_nextn(self.ptr, True, masked)
+
+    def nextn_rows(self, n_rows: int) -> np.ndarray:
+        """The ``h_nextn`` rows of the last decode/encode: a ``[n_rows, n_embd]`` view."""
+        ptr = ext().llama_get_embeddings_nextn(self.ptr)
+        if not ptr:
+            raise LocalflashError("no nextn rows", hint="call output_nextn before decoding")
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_embd))
 
     def close(self) -> None:

@@ -6,6 +6,16 @@ committed rows' inputs of the tapped target layers are concatenated and
 injected into the drafter's KV cache at the same positions; a draft is one
 decode of ``[last committed token, MASK × (B-1)]`` whose rows 1.. are read
 greedily, after which the noise block is dropped from the drafter's cache.
+
+DFlash2 files (``dflash.selector_top_k`` > 0: two-tap dynamic convolutions
+and a candidate selector) are driven the same way, except that the draft is
+read from the selector's *lattice* instead of the logits: for every block
+position the graph outputs its top-k candidate ids and a k x k table of
+scores (one row per candidate chosen at the previous position). The draft
+walks it: position 1 scores against the anchor token, each later position
+takes the best-scoring candidate given the one chosen before it, and with
+``p_min`` the walk stops where the softmax of that score row gives the
+chosen candidate less than ``p_min``.
 """
 
 from __future__ import annotations
@@ -27,7 +37,8 @@ LAYER_INPUT_ARCHS = {
 def check_dflash_pair(target: Model, drafter: Model) -> list[int]:
     """Validate a DFlash drafter against its target; return the layer ids to tap."""
     if drafter.arch != "dflash":
-        raise LocalflashError(f"{drafter.path.name} is a {drafter.arch!r} model, not a DFlash drafter")
+        hint = "use --spec eagle3 for an EAGLE-3 drafter" if drafter.arch == "eagle3" else None
+        raise LocalflashError(f"{drafter.path.name} is a {drafter.arch!r} model, not a DFlash drafter", hint=hint)
     if target.arch not in LAYER_INPUT_ARCHS:
         raise LocalflashError(
             f"target arch {target.arch!r} cannot export layer inputs, which DFlash needs",
@@ -54,15 +65,37 @@ def check_dflash_pair(target: Model, drafter: Model) -> list[int]:
     return ids
 
 
+def walk_lattice(rows: np.ndarray, top_k: int, k: int, p_min: float = 0.0) -> list[int]:
+    """Up to ``k`` draft tokens from a DFlash2 selector lattice (``rows[0]`` is the anchor's, unused).
+
+    Row ``i`` holds ``top_k`` candidate ids (as floats) and then ``top_k`` score
+    rows of ``top_k``, one per predecessor candidate; position 1's rows are all
+    the anchor's, so predecessor 0 reads them.
+    """
+    drafts: list[int] = []
+    pred = 0
+    for row in rows[1 : k + 1]:
+        scores = row[top_k + pred * top_k : top_k + (pred + 1) * top_k]
+        pred = int(np.argmax(scores))
+        if p_min > 0.0 and 1.0 / float(np.exp(scores - scores[pred]).sum()) < p_min:
+            break
+        drafts.append(int(row[pred]))
+    return drafts
+
+
 class DFlashDrafter(Drafter):
     name = "dflash"
     cost_grows_with_length = False
 
-    def __init__(self, model: Model, target: Model, target_ctx: Context, n_ctx: int, n_threads: int = 0):
+    def __init__(self, model: Model, target: Model, target_ctx: Context, n_ctx: int, n_threads: int = 0, p_min: float = 0.0):
         self.layer_ids = check_dflash_pair(target, model)
         self.model = model
         self.block_size = int(model.meta("dflash.block_size") or 16)
         self.max_draft = self.block_size - 1
+        self.top_k = model.dflash_selector_top_k()  # > 0: a DFlash2 file, drafted from its selector lattice
+        self.p_min = p_min if self.top_k else 0.0
+        if self.top_k:
+            self.name = "dflash2"
         self.mask = model.mask_token()
         if self.mask < 0:
             raise LocalflashError(f"{model.path.name} has no mask token (tokenizer.ggml.mask_token_id)")
@@ -72,6 +105,8 @@ class DFlashDrafter(Drafter):
             other=target_ctx,
         )
         self.ctx.set_causal((model.meta("dflash.attention.causal") or "false").lower() == "true")
+        if self.top_k:
+            self.ctx.output_nextn(masked=False)  # the lattice has a row per block position, logits are not read
         target_ctx.capture_layer_inputs(self.layer_ids)
         self.n_injected = 0  # positions 0..n_injected-1 carry target features
         self.ctx_limit = self.ctx.n_ctx - self.block_size
@@ -94,10 +129,15 @@ class DFlashDrafter(Drafter):
         if k <= 0 or self.n_injected != n_past:
             return []
         # always draft the full block: the drafter was trained on it and its cost barely depends on k
-        self.ctx.decode([history[-1]] + [self.mask] * self.max_draft, n_past, "all")
-        drafts = self.ctx.all_logits()[1 : k + 1].argmax(axis=1)
+        block = [history[-1]] + [self.mask] * self.max_draft
+        if self.top_k:
+            self.ctx.decode(block, n_past, "none")
+            drafts = walk_lattice(self.ctx.nextn_rows(len(block)), self.top_k, k, self.p_min)
+        else:
+            self.ctx.decode(block, n_past, "all")
+            drafts = self.ctx.all_logits()[1 : k + 1].argmax(axis=1).tolist()
         self.ctx.seq_rm(n_past)
-        return drafts.tolist()
+        return drafts
 
     def close(self) -> None:
         self.ctx.close()
