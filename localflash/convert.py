@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import LocalflashError
-from .tiny_models import DFlashSpec, LazyTensor, write_dflash_gguf
+from .tiny_models import DFlash2Spec, DFlashSpec, LazyTensor, write_dflash_gguf
 
 QUANTS = ("Q4_K_M", "Q8_0", "F16", "F32")
 HF_DTYPES = ("bf16", "f16", "f32")
@@ -60,12 +60,25 @@ _LAYER = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
+# DFlash2 (z-lab/inco.ai ``DFlash2DraftModel``): two-tap dynamic convolutions per layer, a candidate selector
+_TOP_DFLASH2 = {
+    "candidate_selector.predecessor_codebook": "selector_predecessor.weight",  # stored without ".weight"
+    "candidate_selector.successor_codebook": "selector_successor.weight",
+    "candidate_selector.hidden_projection.weight": "selector_hidden.weight",
+}
+_LAYER_DFLASH2 = {
+    "attention_conv.base_kernel": "attn_conv_base",
+    "attention_conv.kernel_projection.weight": "attn_conv_proj.weight",
+    "mlp_conv.base_kernel": "ffn_conv_base",
+    "mlp_conv.kernel_projection.weight": "ffn_conv_proj.weight",
+}
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+_TOP.update(_TOP_DFLASH2)
+_LAYER.update(_LAYER_DFLASH2)
 _GGUF_TOP = {v: k for k, v in _TOP.items()}
 _GGUF_LAYER = {v: k for k, v in _LAYER.items()}
-# keys of DFlash variants this converter does not handle (DFlash2, DSpark, Gemma knobs)
+# keys of DFlash variants this converter does not handle (DSpark, Gemma knobs)
 _UNSUPPORTED = {
-    "conv_kernel_size": "a DFlash2 checkpoint",
-    "selector_rank": "a DFlash2 checkpoint",
     "markov_head_type": "a DSpark checkpoint",
     "output_multiplier": "an output multiplier (Gemma targets)",
     "final_logit_softcapping": "logit softcapping (Gemma targets)",
@@ -86,6 +99,8 @@ def build_target_layer_ids(n_target_layers: int, n_feats: int) -> list[int]:
 def hf_to_gguf_name(name: str) -> str | None:
     """GGUF name of an HF drafter tensor; None for tensors llama.cpp does not use (t2d)."""
     name = name.removeprefix("model.")
+    if name.removesuffix(".weight") in _TOP_DFLASH2:  # codebooks saved either way
+        name = name.removesuffix(".weight") if name.endswith("codebook.weight") else name
     if name in _TOP:
         return _TOP[name]
     if name in ("d2t",):
@@ -97,7 +112,7 @@ def hf_to_gguf_name(name: str) -> str | None:
         return f"blk.{m.group(1)}.{_LAYER[m.group(2)]}"
     raise LocalflashError(
         f"unexpected tensor {name!r} in the checkpoint",
-        hint="convert-drafter handles DFlash (v1) drafters: fc, hidden_norm, norm and Qwen3 decoder layers",
+        hint="convert-drafter handles DFlash and DFlash2 drafters: fc, hidden_norm, norm, Qwen3 decoder layers (+ conv, selector)",
     )
 
 
@@ -109,7 +124,7 @@ def gguf_to_hf_name(name: str) -> str:
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
     if m and m.group(2) in _GGUF_LAYER:
         return f"layers.{m.group(1)}.{_GGUF_LAYER[m.group(2)]}"
-    raise LocalflashError(f"unexpected tensor {name!r} in the GGUF drafter", hint="--to-hf handles DFlash (v1) drafters")
+    raise LocalflashError(f"unexpected tensor {name!r} in the GGUF drafter", hint="--to-hf handles DFlash and DFlash2 drafters")
 
 
 # -- safetensors, NumPy only --------------------------------------------------------------
@@ -262,7 +277,7 @@ def check_is_dflash(config: dict, where: Path | str) -> None:
     dcfg = config.get("dflash_config") or {}
     for key, what in _UNSUPPORTED.items():
         if config.get(key) is not None or dcfg.get(key) is not None:
-            raise LocalflashError(f"{where} is {what}, which this converter does not handle", hint="DFlash (v1) drafters are supported")
+            raise LocalflashError(f"{where} is {what}, which this converter does not handle", hint="DFlash and DFlash2 drafters are supported")
 
 
 # -- config <-> spec --------------------------------------------------------------------------
@@ -323,7 +338,12 @@ def spec_from_hf(config: dict, ckpt: Checkpoint | None = None) -> DrafterInfo:
     causal = c.get("is_causal")
     if causal is None:
         causal = d.get("causal")
-    spec = DFlashSpec(
+    dflash2 = {k: int(d[k]) for k in DFLASH2_KEYS if d.get(k) is not None}
+    if dflash2 and len(dflash2) != len(DFLASH2_KEYS):
+        missing = [k for k in DFLASH2_KEYS if k not in dflash2]
+        raise LocalflashError(f"config.json is a DFlash2 drafter without dflash_config.{missing[0]}", hint=f"DFlash2 needs {', '.join(DFLASH2_KEYS)}")
+    spec = (DFlash2Spec if dflash2 else DFlashSpec)(
+        **dflash2,
         n_embd=hidden,
         n_layer=n_layer,
         n_head=n_head,
@@ -351,13 +371,14 @@ def hf_config(info: DrafterInfo) -> dict:
     """An HF ``config.json`` for a drafter (z-lab layout, what vLLM and SGLang load)."""
     s = info.spec
     dcfg: dict = {"mask_token_id": s.mask_token_id, "target_layer_ids": [i - 1 for i in s.target_layers], "block_size": s.block_size}
+    dcfg.update(s.dflash2_keys() if isinstance(s, DFlash2Spec) else {})
     if s.causal is not None:
         dcfg["causal"] = s.causal
     if s.embedding_scale:
         dcfg["input_embedding_scale"] = s.embedding_scale
     cfg = {
-        "architectures": ["DFlashDraftModel"],
-        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "architectures": ["DFlash2DraftModel" if isinstance(s, DFlash2Spec) else "DFlashDraftModel"],
+        "auto_map": {"AutoModel": f"dflash.{'DFlash2' if isinstance(s, DFlash2Spec) else 'DFlash'}DraftModel"},
         "model_type": "qwen3",
         "hidden_size": s.n_embd,
         "intermediate_size": s.ff,
@@ -479,7 +500,19 @@ def _check_tensors(ckpt: Checkpoint, info: DrafterInfo) -> None:
             p + "mlp.up_proj.weight": (s.ff, s.n_embd),
             p + "mlp.down_proj.weight": (s.n_embd, s.ff),
         })
+        if isinstance(s, DFlash2Spec):
+            k, proj = s.conv_kernel_size, 2 * s.conv_kernel_size * (s.n_embd // s.conv_group_size)
+            for conv in ("attention_conv", "mlp_conv"):
+                want[p + conv + ".base_kernel"] = (2, k, s.n_embd)
+                want[p + conv + ".kernel_projection.weight"] = (proj, s.n_embd)
     have = {n.removeprefix("model."): n for n in ckpt.files}
+    if isinstance(s, DFlash2Spec):
+        for n in list(have):
+            if n.endswith("codebook.weight"):
+                have[n.removesuffix(".weight")] = have.pop(n)
+        want["candidate_selector.predecessor_codebook"] = (info.vocab_size or None, s.selector_rank)
+        want["candidate_selector.successor_codebook"] = (info.vocab_size or None, s.selector_rank)
+        want["candidate_selector.hidden_projection.weight"] = (s.selector_rank, s.n_embd)
     for name, shape in want.items():
         if name not in have:
             raise LocalflashError(f"the checkpoint lacks tensor {name}", hint="is a shard missing, or is this not a DFlash drafter?")
@@ -628,7 +661,9 @@ def read_dflash_gguf(path: str | Path) -> tuple[DrafterInfo, dict[str, np.ndarra
     n_head = int(val(f"{a}.attention.head_count"))
     head_dim = int(val(f"{a}.attention.key_length", n_embd // n_head))
     causal = val(f"{a}.attention.causal")
-    spec = DFlashSpec(
+    dflash2 = {k: int(val(f"{a}.{k}")) for k in DFLASH2_KEYS if val(f"{a}.{k}") is not None}
+    spec = (DFlash2Spec if dflash2 else DFlashSpec)(
+        **dflash2,
         n_embd=n_embd,
         n_layer=n_layer,
         n_head=n_head,

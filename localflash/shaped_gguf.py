@@ -58,6 +58,14 @@ class ModelSpec:
     block_size: int = 16
     swa_window: int = 0
     swa_layers: tuple[bool, ...] = ()
+    # dflash2: two-tap dynamic convolutions per layer and a candidate selector
+    conv_kernel_size: int = 0
+    conv_group_size: int = 0
+    selector_rank: int = 0
+    selector_top_k: int = 0
+    # eagle3: one decoder layer over [embedding, g]; fc over 3 target layers; own head over draft_vocab ids (d2t)
+    target_hidden_size: int = 0
+    draft_vocab: int = 0
     extra_keys: dict = field(default_factory=dict)
 
 
@@ -73,6 +81,25 @@ PRESETS: dict[str, ModelSpec] = {
         "dflash", "Qwen3.6-27B-DFlash", n_layer=5, n_embd=5120, n_ff=17408, n_head=32, n_head_kv=8, head_dim=128,
         n_vocab=248320, n_ctx_train=262144, rope_theta=1e7, target_layers=(2, 17, 32, 47, 62),
         swa_window=2048, swa_layers=(True, True, True, True, False),
+    ),
+    # incoai/Qwen3.8-27B-DFlash2-GGUF, the sidecar for a Qwen3.8-27B target (Qwen3.6-27B text dims): block 8,
+    # five sliding-window (2048) layers, two-tap dynamic convolutions, top-k selector. Layer dims as the
+    # Qwen3.6-27B DFlash; conv group 128, selector rank 256 and top-k 8 are assumed (no config.json offline)
+    "qwen3.8-27b-dflash2": ModelSpec(
+        "dflash", "Qwen3.8-27B-DFlash2", n_layer=5, n_embd=5120, n_ff=17408, n_head=32, n_head_kv=8, head_dim=128,
+        n_vocab=248320, n_ctx_train=262144, rope_theta=1e7, target_layers=(2, 17, 32, 47, 62), block_size=8,
+        swa_window=2048, swa_layers=(True,) * 5, conv_kernel_size=2, conv_group_size=128, selector_rank=256,
+        selector_top_k=8,
+    ),
+    "qwen3-8b": ModelSpec(
+        "qwen3", "Qwen3-8B", n_layer=36, n_embd=4096, n_ff=12288, n_head=32, n_head_kv=8, head_dim=128,
+        n_vocab=151936, n_ctx_train=40960,
+    ),
+    # an EAGLE-3 drafter for Qwen3-8B (AngelSlim/Tengyun layout): one Llama layer of the target's width,
+    # taps [2, 18, 33] (llama.cpp's default 2, L/2, L-3), its own head over 32000 draft ids (d2t), no embedding
+    "qwen3-8b-eagle3": ModelSpec(
+        "eagle3", "Qwen3-8B-EAGLE3", n_layer=1, n_embd=4096, n_ff=12288, n_head=32, n_head_kv=8, head_dim=128,
+        n_vocab=151936, n_ctx_train=40960, target_layers=(2, 18, 33), target_hidden_size=4096, draft_vocab=32000,
     ),
     "qwen3-32b": ModelSpec(
         "qwen3", "Qwen3-32B", n_layer=64, n_embd=5120, n_ff=25600, n_head=64, n_head_kv=8, head_dim=128,
@@ -95,16 +122,22 @@ FTYPES = {
 }
 _BASE = {"F32": Q.F32, "F16": Q.F16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0, "Q4_1": Q.Q4_1, "Q4_K_M": Q.Q4_K, "IQ4_XS": Q.IQ4_XS}
 _FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.IQ4_XS: Q.IQ4_NL}
-_NOT_QUANTIZED = re.compile(r"_norm\.weight$|ssm_conv1d|ffn_gate_inp\.weight$|\.bias$")
+_NOT_QUANTIZED = re.compile(r"_norm\.weight$|ssm_conv1d|ffn_gate_inp\.weight$|\.bias$|_conv_base$")
 
 
 def tensor_shapes(spec: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
     """Tensor names and ggml shapes (ne0 first) in file order, as llama.cpp's loader expects them."""
     d, hd = spec.n_embd, spec.head_dim
     out: list[tuple[str, tuple[int, ...]]] = []
+    if spec.arch == "eagle3":
+        return _eagle3_shapes(spec)
     if spec.arch == "dflash":
         out.append(("fc.weight", (len(spec.target_layers) * d, d)))
         out.append(("enc.output_norm.weight", (d,)))
+        if spec.selector_top_k:
+            out += [("selector_predecessor.weight", (spec.selector_rank, spec.n_vocab)),
+                    ("selector_successor.weight", (spec.selector_rank, spec.n_vocab)),
+                    ("selector_hidden.weight", (d, spec.selector_rank))]
     else:
         out.append(("token_embd.weight", (d, spec.n_vocab)))
     for il in range(spec.n_layer + spec.n_nextn):
@@ -153,6 +186,10 @@ def tensor_shapes(spec: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
                 (b + "ffn_up.weight", (d, spec.n_ff)),
                 (b + "ffn_down.weight", (spec.n_ff, d)),
             ]
+        if spec.selector_top_k:
+            projected = 2 * spec.conv_kernel_size * (d // spec.conv_group_size)
+            for part in ("attn", "ffn"):
+                out += [(b + f"{part}_conv_base", (d, spec.conv_kernel_size, 2)), (b + f"{part}_conv_proj.weight", (d, projected))]
         if il >= spec.n_layer:
             out += [
                 (b + "nextn.eh_proj.weight", (2 * d, d)),
@@ -166,6 +203,20 @@ def tensor_shapes(spec: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
+def _eagle3_shapes(spec: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
+    d, hd = spec.n_embd, spec.head_dim
+    b = "blk.0."
+    out = [("fc.weight", (len(spec.target_layers) * spec.target_hidden_size, d))]
+    out += [(b + "attn_norm.weight", (d,)), (b + "attn_norm_2.weight", (d,)),
+            (b + "attn_q.weight", (2 * d, hd * spec.n_head)), (b + "attn_k.weight", (2 * d, hd * spec.n_head_kv)),
+            (b + "attn_v.weight", (2 * d, hd * spec.n_head_kv)), (b + "attn_output.weight", (hd * spec.n_head, d)),
+            (b + "ffn_norm.weight", (d,)), (b + "ffn_gate.weight", (d, spec.n_ff)), (b + "ffn_up.weight", (d, spec.n_ff)),
+            (b + "ffn_down.weight", (spec.n_ff, d)), ("output_norm.weight", (d,))]
+    if spec.draft_vocab:
+        out += [("output.weight", (d, spec.draft_vocab)), ("d2t", (spec.draft_vocab,))]
+    return out
+
+
 def quant_types(spec: ModelSpec, shapes: list[tuple[str, tuple[int, ...]]], ftype: str) -> list[Q]:
     """Per-tensor types for ``ftype``, following the main rules of llama.cpp's ``llama_tensor_get_type``."""
     base = _BASE[ftype]
@@ -174,6 +225,9 @@ def quant_types(spec: ModelSpec, shapes: list[tuple[str, tuple[int, ...]]], ftyp
     i_attn_v = i_ffn_down = 0
     types = []
     for name, shape in shapes:
+        if name == "d2t":
+            types.append(Q.I64)
+            continue
         if len(shape) < 2 or _NOT_QUANTIZED.search(name) or base == Q.F32:
             types.append(Q.F32)
             continue
@@ -267,7 +321,13 @@ def _add_keys(w: GGUFWriter, spec: ModelSpec, ftype: str) -> None:
         w.add_uint32(f"{a}.expert_feed_forward_length", spec.n_ff_exp)
     if spec.target_layers:
         w.add_array(f"{a}.target_layers", list(spec.target_layers))
-        w.add_uint32(f"{a}.block_size", spec.block_size)
+        if a == "dflash":
+            w.add_uint32(f"{a}.block_size", spec.block_size)
+    if spec.selector_top_k:
+        for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+            w.add_uint32(f"{a}.{key}", getattr(spec, key))
+    if spec.target_hidden_size:
+        w.add_uint32(f"{a}.target_hidden_size", spec.target_hidden_size)
     if spec.swa_window:
         w.add_uint32(f"{a}.attention.sliding_window", spec.swa_window)
         w.add_array(f"{a}.attention.sliding_window_pattern", [bool(x) for x in spec.swa_layers])

@@ -29,7 +29,8 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-MASK_TOKEN_ID = 31999  # a rare piece of the SPM vocab stands in for <|MASK|>
+MASK_TOKEN_ID = 31999
+F32_ONLY = ("_conv_base",)  # DFlash2 convolution bases: added to F32 activations, never halved or quantized  # a rare piece of the SPM vocab stands in for <|MASK|>
 _NOISE_SEED = 12345
 
 
@@ -284,7 +285,7 @@ def write_dflash_gguf(
         arr = np.asarray(value.load() if isinstance(value, LazyTensor) else value)
         if arr.dtype.kind in "iu":
             return np.ascontiguousarray(arr, dtype=np.int64 if isinstance(value, LazyTensor) else arr.dtype)
-        dtype = np.float16 if float_type == "F16" and arr.ndim >= 2 else np.float32
+        dtype = np.float16 if float_type == "F16" and arr.ndim >= 2 and not name.endswith(F32_ONLY) else np.float32
         return np.ascontiguousarray(arr, dtype=dtype)
 
     shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
@@ -294,7 +295,8 @@ def write_dflash_gguf(
         else:
             value = np.asarray(value)
             shape, kind = value.shape, (value.dtype if value.dtype.kind in "iu" else None)
-        dtype = kind or (np.dtype(np.float16) if float_type == "F16" and len(shape) >= 2 else np.dtype(np.float32))
+        half = float_type == "F16" and len(shape) >= 2 and not tname.endswith(F32_ONLY)
+        dtype = kind or np.dtype(np.float16 if half else np.float32)
         shapes[tname] = (tuple(shape), dtype)
         w.add_tensor_info(tname, shape, dtype, int(np.prod(shape)) * dtype.itemsize)
     w.write_header_to_file()

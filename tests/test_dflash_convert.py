@@ -262,3 +262,35 @@ def test_cli_converts_and_quantizes(tiny_target, tmp_path, monkeypatch, capsys):
     d = Model(tmp_path / "d.gguf")
     assert d.arch == "dflash" and d.target_layer_ids() == [1, 3] and d.mask_token() == MASK
     assert d.meta("general.file_type") == "15"  # Q4_K_M
+
+
+def test_dflash2_round_trip_keeps_tensors_keys_and_drafts(tiny_target, tmp_path):
+    """DFlash2 GGUF -> HF (z-lab DFlash2DraftModel names) -> GGUF: same tensors, keys and selector drafts."""
+    from localflash.tiny_models import DFlash2Spec, write_dflash2
+
+    spec = DFlash2Spec(n_layer=2, target_layers=[1, 3], mask_token_id=MASK, block_size=8, selector_top_k=3, seed=7)
+    src = write_dflash2(tmp_path / "d2.gguf", spec)
+    hf = gguf_to_hf(src, tmp_path / "hf", dtype="f32")
+    cfg = json.loads((hf / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlash2DraftModel"]
+    assert {k: cfg["dflash_config"][k] for k in spec.dflash2_keys()} == spec.dflash2_keys()
+    names = set(read_checkpoint(hf).files)
+    assert {"layers.1.attention_conv.base_kernel", "layers.0.mlp_conv.kernel_projection.weight",
+            "candidate_selector.predecessor_codebook", "candidate_selector.hidden_projection.weight"} <= names
+    back = hf_to_gguf(hf, tmp_path / "back.gguf", tiny_target, quant="F32")
+    (i1, t1), (i2, t2) = read_dflash_gguf(src), read_dflash_gguf(back)
+    assert isinstance(i2.spec, DFlash2Spec) and i2.spec.dflash2_keys() == spec.dflash2_keys()
+    assert sorted(t1) == sorted(t2) and all(np.array_equal(t1[k], t2[k]) for k in t1)
+
+    tgt = Model(tiny_target)
+    toks = tgt.tokenize(TEXT)[:40]
+    drafts = []
+    for path in (src, back):
+        ctx = Context(tgt, ContextOptions(n_ctx=256, n_outputs_max=16, n_threads=1))
+        dr = DFlashDrafter(Model(path), tgt, ctx, 256, n_threads=1)
+        ctx.decode(toks, 0, "last")
+        dr.on_target_decode(ctx, 0, len(toks))
+        drafts.append(dr.propose(toks + [toks[5]], len(toks), 7))
+        dr.close()
+        ctx.close()
+    assert drafts[0] == drafts[1] and len(drafts[0]) == 7
