@@ -238,11 +238,12 @@ def plan(
     draft_max: Optional[int] = DRAFT_MAX.option(),
     margin: str = typer.Option("512MiB", "--margin", help="Memory left free on every card."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan and the runtime settings as JSON."),
+    mtp: Optional[bool] = typer.Option(None, "--mtp/--no-mtp", help="Price drafting with the target's MTP block (default: when it has one and no drafter is given)."),
 ):
     """Price target + drafter on your GPUs before loading: per-card table, settings, and what changed to fit."""
     from .plan_cli import plan_command
 
-    plan_command(pair, target, drafter, vram, gpus, ctx, kv, split, draft_max, margin, json_out)
+    plan_command(pair, target, drafter, vram, gpus, ctx, kv, split, draft_max, margin, json_out, mtp=mtp)
 
 
 models_app = typer.Typer(

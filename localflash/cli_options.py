@@ -74,9 +74,10 @@ LOAD_FLAGS = {
     "pair": PAIR,
     "model": MODEL,
     "drafter": DRAFTER,
-    "spec": Flag(str, "auto", ("--spec",), "auto | none | dflash | draft | eagle3 | ngram; dflash+ngram / draft+ngram / eagle3+ngram try prompt lookup first."),
+    "spec": Flag(str, "auto", ("--spec",), "auto | none | dflash | draft | eagle3 | ngram | mtp; dflash+ngram / draft+ngram / eagle3+ngram / mtp+ngram try prompt lookup first."),
     "draft_max": DRAFT_MAX,
     "fixed": Flag(bool, False, ("--fixed",), "Always draft --draft-max tokens (no adaptive length)."),
+    "p_min": Flag(float, 0.0, ("--p-min",), "Draft model / MTP: stop a draft at a token below this probability (0: never)."),
     "ctx": Flag(Optional[int], None, ("--ctx", "-c"), "Context size in tokens (default: the pair's, else 4096; bench: what the longest prompt needs)."),
     "threads": Flag(int, 0, ("--threads", "-t"), "CPU threads (0: automatic)."),
     "n_gpu_layers": Flag(int, -1, ("--n-gpu-layers", "-ngl"), "Target layers on the GPU (-1: all)."),
@@ -102,6 +103,7 @@ class LoadFlags:
     spec: str = "auto"
     draft_max: int | None = None
     fixed: bool = False
+    p_min: float = 0.0
     ctx: int | None = None
     threads: int = 0
     n_gpu_layers: int = -1
@@ -113,7 +115,7 @@ class LoadFlags:
 
         return config_from(
             self.pair, self.model, self.drafter, spec=self.spec, draft_max=self.draft_max, ctx=self.ctx,
-            threads=self.threads, n_gpu_layers=self.n_gpu_layers, kv=self.kv, adaptive=not self.fixed,
+            threads=self.threads, n_gpu_layers=self.n_gpu_layers, kv=self.kv, adaptive=not self.fixed, p_min=self.p_min,
         )
 
 

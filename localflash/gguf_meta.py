@@ -114,6 +114,7 @@ class ModelMeta:
     warnings: list[str] = field(default_factory=list)
     selector_top_k: int = 0  # DFlash2: candidates per block position (0: DFlash1 or not a DFlash file)
     target_hidden_size: int = 0  # EAGLE-3: width of each tapped target layer
+    load_mtp: bool = False  # priced as loaded with its MTP/nextn blocks (``replace(meta, load_mtp=True)``)
 
     @property
     def n_layer_all(self) -> int:
@@ -153,8 +154,8 @@ class ModelMeta:
         return len(self.target_layers) * self.n_embd if self.is_dflash else self.n_embd
 
     def loaded(self, t: TensorInfo) -> bool:
-        """llama.cpp skips MTP/nextn block weights unless MTP drafting is on."""
-        return t.layer is None or t.layer < self.n_layer
+        """llama.cpp skips MTP/nextn block weights unless MTP drafting is on (``load_mtp``)."""
+        return t.layer is None or t.layer < self.n_layer or self.load_mtp
 
     @property
     def input_bytes(self) -> int:
@@ -175,7 +176,7 @@ class ModelMeta:
 
     @property
     def layer_bytes(self) -> list[int]:
-        """Loaded bytes per block slot, ``n_layer_all`` entries (nextn slots are 0)."""
+        """Loaded bytes per block slot, ``n_layer_all`` entries (nextn slots are 0 unless ``load_mtp``)."""
         out = [0] * self.n_layer_all
         for t in self.tensors:
             if t.layer is not None and self.loaded(t) and t.layer < len(out):

@@ -20,7 +20,9 @@ is touched. The cost model follows the vendored llama.cpp (0.3.36):
   quantized cache, the f16 copies of K and V), a MoE stage, and the output stage
   ``n_vocab × n_outputs × 4``; the largest wins;
 - the drafter's weights, its own (capped) KV cache and compute buffer, on the
-  card that holds the target's output layer; a fixed **runtime overhead** per GPU
+  card that holds the target's output layer; for MTP drafting (``Wishes.mtp``)
+  the target's own nextn block, the MTP context's KV cache at the full context
+  and its one-block compute buffer (``localflash.plan_mtp``); a fixed **runtime overhead** per GPU
   (CUDA context, cuBLAS workspace, memory pool) and a **safety margin** left free.
 
 ``make_plan`` searches, in this priority order: all target layers on the GPU
@@ -63,6 +65,7 @@ class Wishes:
     kv: str | None = None  # None: f16, then q8_0, then q4_0 as needed
     n_draft: int = 8  # longest draft verified in one batch
     n_rs_seq: int | None = None  # recurrent-state snapshots of a hybrid target; None: n_draft (rollback of a full draft)
+    mtp: bool = False  # draft with the target's own MTP block (load_mtp, an MTP context); ignored without nextn layers
     n_batch: int = 512
     n_ubatch: int = 512
     drafter_ctx_cap: int | None = 32768  # None: inherit the target's context, as llama.cpp does
@@ -138,6 +141,7 @@ class Plan:
     context_options: dict[str, int]  # largest context that fits with this placement, per KV type
     changes: list[Change] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    mtp: bool = False  # the target's MTP block is loaded and its context priced (drafter column)
 
     @property
     def gpu_total(self) -> int:
@@ -274,6 +278,9 @@ class Pricer:
     """Prices a target (+ drafter) for one ``Config`` on a list of GPUs and the host."""
 
     def __init__(self, target: ModelMeta, drafter: ModelMeta | None, gpus: list[Gpu], host: HostMemory, wishes: Wishes):
+        self.mtp = wishes.mtp and target.n_layer_nextn > 0 and drafter is None
+        if self.mtp:
+            target = replace(target, load_mtp=True)
         self.t, self.d, self.gpus, self.host, self.w = target, drafter, gpus, host, wishes
         rs = wishes.n_draft if wishes.n_rs_seq is None else wishes.n_rs_seq
         self.n_rs_seq = rs if target.is_hybrid else 0
@@ -379,6 +386,10 @@ class Pricer:
 
         if self.d is not None:
             self._price_drafter(c, gpu_rows[out_dev] if out_dev is not None else host, host)
+        if self.mtp:
+            from .plan_mtp import price_mtp
+
+            price_mtp(self, c, gpu_rows, host, where)
         return gpu_rows, host
 
     def _host_weight_copy(self, p: Placement, where: list[int | None]) -> int:
@@ -688,6 +699,12 @@ def _build(pr: Pricer, c: Config, want: int, kvs: list[str], changes: list[Chang
         capped = sum(kv_bytes_per_layer(d, d_ctx, c.kv, w.n_ubatch).values())
         changes.append(Change("drafter_n_ctx", d_ctx, f"inheriting {c.n_ctx} (llama.cpp's default) would cost "
                               f"{format_size(full - capped)} more; drafting stops past {d_ctx} tokens"))
+    if pr.mtp:
+        from .plan_mtp import mtp_kv_bytes, mtp_weight_bytes
+
+        changes.append(Change("load_mtp", True, f"MTP drafting: the nextn block ({format_size(mtp_weight_bytes(t))}) "
+                              f"and the MTP context's KV cache ({format_size(mtp_kv_bytes(t, c.n_ctx, c.kv, w.n_ubatch))})"
+                              " are in the drafter column"))
     if pr.n_rs_seq:
         changes.append(Change("n_rs_seq", pr.n_rs_seq, "hybrid target: keep recurrent-state snapshots so a rejected "
                               f"draft of up to {w.n_draft} tokens can be rolled back"))
@@ -726,6 +743,7 @@ def _build(pr: Pricer, c: Config, want: int, kvs: list[str], changes: list[Chang
         context_options=options,
         changes=changes,
         warnings=warnings,
+        mtp=pr.mtp,
     )
 
 
@@ -746,7 +764,7 @@ def runtime_kwargs(plan: Plan) -> dict:
     per card, 0 for unused cards; llama.cpp normalises them),
     ``tensor_buft_overrides`` (list of ``(regex, "CPU")``). Target context params: ``n_ctx``, ``n_batch``,
     ``n_ubatch``, ``n_outputs_max``, ``n_rs_seq`` (ints), ``type_k``/``type_v`` (ggml_type ints),
-    ``flash_attn`` (bool; always True). Drafter: ``drafter_n_ctx`` (int, 0 without a drafter) and
+    ``flash_attn`` (bool; always True), ``load_mtp`` (bool: load the nextn block for MTP drafting). Drafter: ``drafter_n_ctx`` (int, 0 without a drafter) and
     ``drafter`` — None, or a dict with ``n_gpu_layers``, ``split_mode`` (always 0: the drafter lives on
     one device), ``main_gpu``, ``n_ctx``, ``type_k``, ``type_v``.
     """
@@ -766,6 +784,7 @@ def runtime_kwargs(plan: Plan) -> dict:
         "flash_attn": plan.flash_attn,
         "drafter_n_ctx": plan.drafter_n_ctx,
         "drafter": None,
+        "load_mtp": plan.mtp,
     }
     if plan.drafter:
         kw["drafter"] = {

@@ -28,8 +28,12 @@ def plan_command(
     console: Console | None = None,
     detected: list[devices.Gpu] | None = None,
     host: devices.HostMemory | None = None,
+    mtp: bool | None = None,
 ) -> Plan:
-    """Plan ``--pair NAME`` or ``--target T [--drafter D]`` and print it (``detected``/``host`` override probing)."""
+    """Plan ``--pair NAME`` or ``--target T [--drafter D]`` and print it (``detected``/``host`` override probing).
+
+    ``mtp``: price MTP drafting with the target's nextn block; None: when the target has one and no drafter is
+    given (what ``run --spec auto`` loads), or when the pair's kind is mtp."""
     out = console or Console(highlight=False)
     warnings = []
     if pair:
@@ -40,6 +44,8 @@ def plan_command(
         p = get_pair(pair)
         target_path, drafter_path = p.target, p.drafter
         ctx = p.ctx if ctx is None else ctx
+        if mtp is None and p.kind.startswith("mtp"):
+            mtp = True
         draft_max = p.draft_max if draft_max is None else draft_max
         if drafter_path is not None and not Path(drafter_path).exists() and p.derive:
             warnings.append(f"drafter {drafter_path.name} is made on first use; planned without it")
@@ -53,7 +59,15 @@ def plan_command(
     d_meta = read_meta(drafter_path) if drafter_path else None
     found = devices.detect() if detected is None else detected
     chosen = devices.select_gpus(found, vram=vram, gpus=gpus)
-    wishes = Wishes(ctx=ctx, kv=kv, split=split, margin=devices.parse_size(margin))
+    if mtp is None:
+        mtp = drafter_path is None and t_meta.n_layer_nextn > 0
+    if mtp and not t_meta.n_layer_nextn:
+        raise LocalflashError(f"{Path(target_path).name} has no MTP (nextn) layers to plan for", hint="drop --mtp")
+    wishes = Wishes(ctx=ctx, kv=kv, split=split, margin=devices.parse_size(margin), mtp=mtp)
+    if mtp and draft_max is None:
+        from .runner import MTP_DRAFT_MAX
+
+        draft_max = MTP_DRAFT_MAX
     if draft_max is not None:
         wishes.n_draft = draft_max
     plan = make_plan(t_meta, d_meta, chosen, host or devices.host_memory(), wishes)
@@ -96,6 +110,8 @@ def print_plan(plan: Plan, out: Console) -> None:
     if plan.drafter:
         where = f"GPU{plan.drafter_device}" if plan.drafter_device is not None else "host"
         settings += f"; drafter on {where}, n_ctx {plan.drafter_n_ctx}, KV {plan.drafter_type_kv}"
+    if plan.mtp:
+        settings += f"; drafter: the target's MTP block (MTP context n_ctx {plan.n_ctx}, KV {plan.type_k})"
     out.print(settings)
     if plan.tensor_overrides:
         out.print("tensor overrides: " + ", ".join(f"{rx} -> {buf}" for rx, buf in plan.tensor_overrides))

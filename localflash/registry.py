@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .errors import LocalflashError
 
-KINDS = ("dflash", "draft", "ngram", "none", "dflash+ngram", "draft+ngram", "eagle3", "eagle3+ngram")
+KINDS = ("dflash", "draft", "ngram", "none", "dflash+ngram", "draft+ngram", "eagle3", "eagle3+ngram", "mtp", "mtp+ngram")
 LOOKUP = "+ngram"  # suffix of a model drafter kind: prompt lookup is tried first each cycle
 SHIPPED = Path(__file__).resolve().with_name("models.toml")
 
@@ -108,7 +108,7 @@ def _pair(name: str, raw: dict, source: Path) -> Pair:
             target=target,
             drafter=drafter,
             kind=kind,
-            draft_max=int(raw.get("draft_max", 15 if base_kind(kind) == "dflash" else 8)),
+            draft_max=int(raw.get("draft_max", {"dflash": 15, "mtp": 3}.get(base_kind(kind), 8))),
             ctx=int(raw.get("ctx", 4096)),
             thinking=bool(raw.get("thinking", False)),
             notes=str(raw.get("notes", "")),

@@ -11,7 +11,9 @@ from pathlib import Path
 from .errors import LocalflashError
 from .registry import LOOKUP, Pair, base_kind, get_pair
 
-SPECS = ("auto", "none", "dflash", "draft", "ngram", "dflash+ngram", "draft+ngram", "eagle3", "eagle3+ngram")
+MTP_DRAFT_MAX = 3  # llama.cpp's default MTP draft length (common_params_speculative_draft.n_max)
+
+SPECS = ("auto", "none", "dflash", "draft", "ngram", "dflash+ngram", "draft+ngram", "eagle3", "eagle3+ngram", "mtp", "mtp+ngram")
 SYNTHETIC = "synthetic"  # a bench mode only (`bench --modes synthetic`), never a --spec: see speculative/synthetic.py
 MODEL_DRAFTERS = ("dflash", "draft", "eagle3")  # kinds that load a drafter file
 
@@ -64,16 +66,18 @@ def config_from(pair: str | None, target: str | None, drafter: str | None, **fla
         raise LocalflashError(f"unknown --spec {cfg.spec!r}", hint=f"use one of {', '.join(SPECS)}")
     if cfg.draft_max is not None and not 0 <= cfg.draft_max <= 64:
         raise LocalflashError(f"--draft-max must be in 0..64, got {cfg.draft_max}")
+    if not 0.0 <= cfg.p_min < 1.0:
+        raise LocalflashError(f"--p-min must be in [0, 1), got {cfg.p_min:g}")
     if cfg.ctx < 16:
         raise LocalflashError(f"-c/--ctx must be at least 16, got {cfg.ctx}")
     return cfg
 
 
-def drafter_kind(cfg: RunConfig, drafter_arch: str | None) -> str:
+def drafter_kind(cfg: RunConfig, drafter_arch: str | None, target_has_mtp: bool = False) -> str:
     if cfg.spec != "auto":
         return cfg.spec
     if cfg.drafter is None and cfg.derive is None:
-        return "ngram"
+        return "mtp" if target_has_mtp else "ngram"
     return {"dflash": "dflash", "eagle3": "eagle3"}.get(drafter_arch or "", "draft")
 
 
@@ -97,19 +101,26 @@ def open_engine(cfg: RunConfig, target=None):
     from .speculative.drafter import LookupFirstDrafter, NgramDrafter
     from .speculative.eagle3 import Eagle3Drafter
     from .speculative.loop import Engine
+    from .speculative.mtp import MtpDrafter
     from .plan import runtime_kwargs
 
     drafter_path = ensure_drafter_file(cfg) if base_kind(cfg.spec) in ("auto", *MODEL_DRAFTERS) else None
-    kind = drafter_kind(cfg, _arch_of(drafter_path))
+    n_nextn = _nextn_layers(cfg.target)
+    kind = drafter_kind(cfg, _arch_of(drafter_path), target_has_mtp=n_nextn > 0)
     lookup = kind.endswith(LOOKUP)
     kind = base_kind(kind)
+    if kind == "mtp" and not n_nextn:
+        raise LocalflashError(
+            f"{cfg.target.name} has no MTP (nextn) layers, so --spec mtp cannot draft with it",
+            hint="Qwen3.5/3.6 GGUFs converted with their MTP block have them; otherwise use --spec ngram, draft or dflash",
+        )
     if kind in MODEL_DRAFTERS and drafter_path is None:
         raise LocalflashError(f"--spec {kind} needs a drafter file", hint="pass --drafter PATH or use a pair")
     synthetic = kind.startswith(SYNTHETIC)  # bench only: "synthetic@ALPHA", an oracle drafter
-    max_draft = 8 if synthetic else {"dflash": 15, "draft": 8, "eagle3": 8, "ngram": 8, "none": 0}[kind]
+    max_draft = 8 if synthetic else {"dflash": 15, "draft": 8, "eagle3": 8, "ngram": 8, "mtp": MTP_DRAFT_MAX, "none": 0}[kind]
     if cfg.draft_max is not None:
         max_draft = min(max_draft, cfg.draft_max) if kind == "dflash" else cfg.draft_max
-    plan = plan_for(cfg, drafter_path if kind in MODEL_DRAFTERS else None, max_draft)
+    plan = plan_for(cfg, drafter_path if kind in MODEL_DRAFTERS else None, max_draft, mtp=kind == "mtp")
     kw = runtime_kwargs(plan)
     if target is None:
         n_gpu_layers = kw["n_gpu_layers"] if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
@@ -121,6 +132,7 @@ def open_engine(cfg: RunConfig, target=None):
                 main_gpu=kw["main_gpu"],
                 tensor_split=kw["tensor_split"],
                 tensor_overrides=kw["tensor_buft_overrides"] or None,
+                load_mtp=kind == "mtp",
             ),
         )
     drafter_model = None
@@ -148,6 +160,8 @@ def open_engine(cfg: RunConfig, target=None):
         drafter = Eagle3Drafter(drafter_model, target, ctx, drafter_ctx + max_draft + 1, max_draft, cfg.p_min, n_threads=cfg.threads)
     elif kind == "draft":
         drafter = DraftModelDrafter(drafter_model, target, drafter_ctx, max_draft, cfg.p_min, n_threads=cfg.threads)
+    elif kind == "mtp":
+        drafter = MtpDrafter(target, ctx, plan.n_ctx, max_draft, cfg.p_min, n_threads=cfg.threads, kv=plan.type_k)
     elif kind == "ngram":
         drafter = NgramDrafter(max_draft)
     elif synthetic:
@@ -163,7 +177,7 @@ def open_engine(cfg: RunConfig, target=None):
     return engine
 
 
-def plan_for(cfg: RunConfig, drafter_path: Path | None, max_draft: int):
+def plan_for(cfg: RunConfig, drafter_path: Path | None, max_draft: int, mtp: bool = False):
     """The VRAM/RAM plan this run loads with (the same one `localflash plan` prints)."""
     from . import devices
     from .gguf_meta import read_meta
@@ -173,8 +187,16 @@ def plan_for(cfg: RunConfig, drafter_path: Path | None, max_draft: int):
     t_meta = read_meta(check_gguf(cfg.target))
     d_meta = read_meta(check_gguf(drafter_path)) if drafter_path else None
     chosen = devices.select_gpus(devices.detect(), vram=cfg.vram, gpus=cfg.gpus)
-    wishes = Wishes(ctx=cfg.ctx, kv=cfg.kv, n_draft=max(max_draft, 1))
+    wishes = Wishes(ctx=cfg.ctx, kv=cfg.kv, n_draft=max(max_draft, 1), mtp=mtp)
     return make_plan(t_meta, d_meta, chosen, devices.host_memory(), wishes)
+
+
+def _nextn_layers(path: Path) -> int:
+    """MTP (nextn) blocks in the target file (0 when it has none or cannot be read here)."""
+    from .gguf_meta import read_meta
+    from .llama import check_gguf
+
+    return read_meta(check_gguf(path)).n_layer_nextn
 
 
 def _arch_of(path: Path | None) -> str | None:

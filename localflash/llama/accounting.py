@@ -76,10 +76,13 @@ def measure(
     tensor_split: list[float] | None = None,
     no_alloc: bool = False,
     on_loaded: Callable[[], object] | None = None,
+    load_mtp: bool = False,
+    mtp_context: bool = False,
 ) -> Accounting:
     """Load ``path``, create one context, free both, and return what llama.cpp reported.
 
-    ``on_loaded`` runs while both are alive (e.g. to read the device memory NVML sees)."""
+    ``on_loaded`` runs while both are alive (e.g. to read the device memory NVML sees).
+    ``load_mtp`` loads the MTP/nextn blocks too; ``mtp_context`` makes the context an MTP one."""
     L = lib()
     lines: list[str] = []
 
@@ -98,6 +101,7 @@ def measure(
         mp.split_mode = SPLIT_MODES[split_mode]
         mp.main_gpu = main_gpu
         mp.no_alloc = no_alloc
+        mp.load_mtp = load_mtp or mtp_context
         if split is not None:
             mp.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
         if no_alloc:
@@ -115,6 +119,8 @@ def measure(
         cp.type_k = GGML_TYPES[type_k]
         cp.type_v = GGML_TYPES[type_v]
         cp.flash_attn_type = 1 if flash_attn else 0
+        if mtp_context:
+            cp.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
         ctx = L.llama_init_from_model(model, cp)
         if not ctx:
             raise LocalflashError(f"llama.cpp could not create a context for {path}", hint="".join(lines[-5:]).strip() or None)

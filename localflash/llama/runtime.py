@@ -50,6 +50,7 @@ class ModelOptions:
     use_mmap: bool = True
     vocab_only: bool = False
     tensor_overrides: list[tuple[str, str]] | None = None  # (regex, "CPU"): keep matching tensors in host RAM
+    load_mtp: bool = False  # also load the MTP ("nextn") blocks, for an MTP drafting context on the same model
 
 
 class Model:
@@ -64,6 +65,7 @@ class Model:
         params.split_mode = o.split_mode
         params.main_gpu = o.main_gpu
         params.vocab_only = o.vocab_only
+        params.load_mtp = o.load_mtp
         params.load_mode = L.LLAMA_LOAD_MODE_MMAP if o.use_mmap else L.LLAMA_LOAD_MODE_NONE
         self._tensor_split = None
         if o.tensor_split:
@@ -81,6 +83,8 @@ class Model:
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.n_embd = L.llama_model_n_embd(self.ptr)
         self.n_layer = L.llama_model_n_layer(self.ptr)
+        self.n_layer_nextn = L.llama_model_n_layer_nextn(self.ptr)  # MTP blocks in the file (loaded only with load_mtp)
+        self.mtp_loaded = o.load_mtp and self.n_layer_nextn > 0
         self.arch = self.meta("general.architecture") or "?"
         self.bos = L.llama_vocab_bos(self.vocab)
         self.eos = L.llama_vocab_eos(self.vocab)
@@ -171,6 +175,7 @@ class ContextOptions:
     type_v: str = "f16"
     flash_attn: int = -1  # AUTO
     n_rs_seq: int = 0  # recurrent-state snapshots, for hybrid targets' rollback
+    mtp: bool = False  # an MTP context: runs the model's nextn block (LLAMA_CONTEXT_TYPE_MTP)
 
 
 class Batch:
@@ -207,6 +212,8 @@ class Context:
         p.n_seq_max = 1
         p.n_outputs_max = o.n_outputs_max
         p.n_rs_seq = o.n_rs_seq
+        if o.mtp:
+            p.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
         threads = o.n_threads or default_threads()
         p.n_threads = threads
         p.n_threads_batch = threads
