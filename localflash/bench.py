@@ -25,7 +25,7 @@ from .registry import base_kind, data_dir
 from .speculative.stats import Stats
 
 PROMPT_SETS = ("spec_bench", "humaneval")
-MODES = ("none", "ngram", "draft", "dflash", "draft+ngram", "dflash+ngram", "eagle3", "eagle3+ngram")
+MODES = ("none", "ngram", "draft", "dflash", "draft+ngram", "dflash+ngram", "eagle3", "eagle3+ngram", "mtp", "mtp+ngram")
 SYNTHETIC = "synthetic"  # benchmark-only oracle drafter modes, "synthetic@ALPHA": not in verdicts
 HUMANEVAL_INSTRUCTION = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{prompt}\n```"
 VERDICT_FILE = "verdicts.json"
@@ -375,7 +375,9 @@ def run_bench(
     from .runner import open_engine
     from .speculative.sampling import SamplingParams
 
-    target = Model(cfg.target, ModelOptions(n_gpu_layers=cfg.n_gpu_layers))
+    # one model for every mode: with its MTP block when a mode drafts with it (the trunk is the same)
+    mtp = any(base_kind(m) == "mtp" for m in modes)
+    target = Model(cfg.target, ModelOptions(n_gpu_layers=cfg.n_gpu_layers, load_mtp=mtp))
     chat = not raw and bool(target.chat_template())
     tokenized = []
     for p in prompts:

@@ -135,7 +135,7 @@ def chat(
 @shared_options
 def bench(
     load: LoadFlags = use(skip=("spec",)),
-    modes: Optional[str] = typer.Option(None, "--modes", help="Comma list of none, ngram, draft, dflash, dflash+ngram, draft+ngram, or 'all' (default: plain + the pair's kind); synthetic: a benchmark-only oracle drafter (see --synthetic-accept)."),
+    modes: Optional[str] = typer.Option(None, "--modes", help="Comma list of none, ngram, draft, dflash, mtp, dflash+ngram, draft+ngram, mtp+ngram, or 'all' (default: plain + the pair's kind); synthetic: a benchmark-only oracle drafter (see --synthetic-accept)."),
     prompts: str = typer.Option("spec_bench", "--prompts", help="spec_bench | humaneval | FILE.jsonl."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Prompts per category (0: all; default: 3 of each named set's categories, all of a FILE)."),
     max_tokens: int = MAX_TOKENS.option(128),
@@ -179,6 +179,10 @@ def bench(
                 probe.close()
             elif cfg.derive:
                 kind = "draft"
+            else:
+                from .runner import nextn_layers
+
+                kind = "mtp" if nextn_layers(cfg.target) else "ngram"
         wanted = [kind] if modes is None else ["ngram", kind]
     else:
         wanted = modes.split(",")

@@ -125,6 +125,10 @@ def check_pair(pair: Pair) -> tuple[list[tuple[str, bool | None, str]], bool]:
     kind = base_kind(pair.kind)  # prompt lookup in front changes nothing checked here
     if kind in ("ngram", "none"):
         add("drafter", None, "n-gram prompt lookup, no model" if pair.kind == "ngram" else "none: plain decoding")
+    elif kind == "mtp":
+        n = target.n_layer_nextn
+        add("drafter", n > 0, f"the target's own MTP block ({n} nextn layer{'s' * (n != 1)})" if n
+            else "the target has no MTP (nextn) layers")
     elif pair.drafter is not None and not pair.drafter.exists() and pair.derive:
         add("drafter", None, f"derived on first use: {pair.derive} requantization of the target -> {pair.drafter}")
         add("vocabulary", True, "same as the target (derived from it)")

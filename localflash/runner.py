@@ -105,7 +105,7 @@ def open_engine(cfg: RunConfig, target=None):
     from .plan import runtime_kwargs
 
     drafter_path = ensure_drafter_file(cfg) if base_kind(cfg.spec) in ("auto", *MODEL_DRAFTERS) else None
-    n_nextn = _nextn_layers(cfg.target)
+    n_nextn = nextn_layers(cfg.target)
     kind = drafter_kind(cfg, _arch_of(drafter_path), target_has_mtp=n_nextn > 0)
     lookup = kind.endswith(LOOKUP)
     kind = base_kind(kind)
@@ -191,7 +191,7 @@ def plan_for(cfg: RunConfig, drafter_path: Path | None, max_draft: int, mtp: boo
     return make_plan(t_meta, d_meta, chosen, devices.host_memory(), wishes)
 
 
-def _nextn_layers(path: Path) -> int:
+def nextn_layers(path: Path) -> int:
     """MTP (nextn) blocks in the target file (0 when it has none or cannot be read here)."""
     from .gguf_meta import read_meta
     from .llama import check_gguf

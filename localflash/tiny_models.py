@@ -530,6 +530,9 @@ class HybridSpec:
     conv_kernel: int = 4
     n_ff: int = 128
     n_nextn: int = 0
+    # None: a random eh_proj. A number s: eh_proj = [I | s * random], so the MTP block mostly repeats the
+    # trunk's next-token guess from the token embedding (its drafts are often accepted) and reads h a little
+    mtp_agree: float | None = None
     n_expert: int = 4  # qwen3next only
     n_expert_used: int = 2
     n_ff_exp: int = 32
@@ -631,7 +634,11 @@ def write_hybrid(path: str | Path, spec: HybridSpec | None = None, **kw) -> Path
             w.add_tensor(b + "ffn_up_shexp.weight", rand((spec.n_ff, d), s))
             w.add_tensor(b + "ffn_down_shexp.weight", rand((d, spec.n_ff), s))
         if il >= spec.n_layer:  # MTP block: embedding and hidden state joined by eh_proj
-            w.add_tensor(b + "nextn.eh_proj.weight", rand((d, 2 * d), 1.0 / np.sqrt(2 * d)))
+            if spec.mtp_agree is None:
+                eh_proj = rand((d, 2 * d), 1.0 / np.sqrt(2 * d))
+            else:
+                eh_proj = np.concatenate([np.eye(d, dtype=np.float32), rand((d, d), spec.mtp_agree / np.sqrt(d))], axis=1)
+            w.add_tensor(b + "nextn.eh_proj.weight", eh_proj)
             w.add_tensor(b + "nextn.enorm.weight", ones(d))
             w.add_tensor(b + "nextn.hnorm.weight", ones(d))
             w.add_tensor(b + "nextn.shared_head_norm.weight", ones(d))

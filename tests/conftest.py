@@ -55,6 +55,12 @@ def tiny_qwen35_mtp(tiny_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen35_mtp_agree(tiny_dir) -> Path:
+    """``tiny_qwen35`` plus an MTP block that mostly repeats the trunk's guess (a fair share of drafts accepted)."""
+    return write_hybrid(tiny_dir / "qwen35-mtp-agree.gguf", HybridSpec(seed=3, n_nextn=1, mtp_agree=0.3))
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen35_drafters(tiny_dir) -> dict[str, Path]:
     """qwen35 draft models of ``tiny_qwen35``'s vocab: same weights, a little noise, a lot of noise."""
     return {
