@@ -13,6 +13,7 @@ decoding token for token.
 
     .venv/bin/python scripts/bench_spec.py --pair demo
     .venv/bin/python scripts/bench_spec.py --pair qwen-coder --lengths 2,4 --tokens 64 --json out.json
+    .venv/bin/python scripts/bench_spec.py --model qwen35-mtp.gguf --kinds mtp,mtp+ngram --lengths 1,2,3
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from localflash.errors import LocalflashError  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", default="demo", help="a models.toml pair (default: demo)")
-    ap.add_argument("--kinds", default=None, help="drafter kinds, comma list of ngram,draft,dflash (default: the pair's kind and ngram)")
+    ap.add_argument("--model", default=None, help="a target GGUF instead of a pair (its MTP block drafts when it has one)")
+    ap.add_argument("--kinds", default=None, help="drafter kinds, comma list of ngram,draft,dflash,mtp,mtp+ngram (default: the pair's kind and ngram)")
     ap.add_argument("--lengths", default="2,4,8", help="fixed draft lengths (default 2,4,8)")
     ap.add_argument("--no-adaptive", action="store_true", help="skip the adaptive-length modes")
     ap.add_argument("--per-category", type=int, default=1, help="Spec-Bench prompts per category (default 1)")
@@ -49,10 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     bl.set_omp_wait(a.omp_wait)
 
-    from localflash.llama import Model
-    from localflash.runner import config_from, ensure_drafter_file
+    from localflash.llama import Model, ModelOptions
+    from localflash.runner import config_from, drafter_kind, ensure_drafter_file, nextn_layers
 
-    cfg = config_from(a.pair, None, None)
+    cfg = config_from(None if a.model else a.pair, a.model, None)
+    if cfg.spec == "auto":
+        cfg.spec = drafter_kind(cfg, None, target_has_mtp=nextn_layers(cfg.target) > 0)
     kinds = [k.strip() for k in a.kinds.split(",")] if a.kinds else [cfg.spec] + (["ngram"] if cfg.spec != "ngram" else [])
     kinds = [k for k in dict.fromkeys(kinds) if k and k != "none"]
     drafters = {}
@@ -63,15 +67,16 @@ def main(argv: list[str] | None = None) -> int:
                 raise LocalflashError(f"pair {a.pair!r} has no drafter for --kinds {k}")
             drafters[k] = path
     lengths = [int(x) for x in a.lengths.split(",") if x.strip()]
-    amax = {"ngram": cfg.draft_max or 8, "draft": cfg.draft_max or 8, "dflash": min(cfg.draft_max or 15, 15)}
+    amax = {"ngram": cfg.draft_max or 8, "draft": cfg.draft_max or 8, "dflash": min(cfg.draft_max or 15, 15),
+            "mtp": cfg.draft_max or 3, "mtp+ngram": cfg.draft_max or 3}
     specs = bl.mode_names(kinds, lengths, amax, adaptive=not a.no_adaptive)
 
-    target = Model(cfg.target)
+    target = Model(cfg.target, ModelOptions(load_mtp=any(k.startswith("mtp") for k in kinds)))
     prompts = bl.spec_bench(a.per_category) + bl.humaneval(a.humaneval)
     tokenized = [bl.render(target, p.text)[1] for p in prompts]
     n_ctx = max(512, -(-(max(len(t) for t in tokenized) + a.tokens + 32) // 256) * 256)
     bench = bl.build(cfg.target, drafters, specs, n_ctx=n_ctx, threads=a.threads, target=target)
-    print(f"bench_spec: pair {a.pair} ({Path(cfg.target).name}" + "".join(f" + {k}: {Path(p).name}" for k, p in drafters.items())
+    print(f"bench_spec: {'model' if a.model else 'pair ' + a.pair} ({Path(cfg.target).name}" + "".join(f" + {k}: {Path(p).name}" for k, p in drafters.items())
           + f"), {len(prompts)} prompts x {len(bench.modes)} modes x {a.tokens} tokens, greedy, {a.threads} threads, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, load {os.getloadavg()[0]:.2f}", file=sys.stderr)
     runs: dict[str, list[bl.Run]] = {m.name: [] for m in bench.modes}

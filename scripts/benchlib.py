@@ -112,7 +112,7 @@ def render(model, text: str) -> tuple[str, list[int]]:
 @dataclass
 class Mode:
     name: str  # "plain", "ngram-k4", "draft-adaptive", ...
-    kind: str  # none | ngram | draft | dflash
+    kind: str  # none | ngram | draft | dflash | mtp | mtp+ngram
     k: int  # fixed draft length, or the adaptive maximum
     adaptive: bool
     engine: object = None
@@ -177,10 +177,13 @@ def build(target_path: Path, drafters: dict[str, Path | None], specs: list[tuple
     from localflash.speculative.draft_model import DraftModelDrafter
     from localflash.speculative.drafter import Drafter, NgramDrafter
     from localflash.speculative.loop import Engine
+    from localflash.speculative.mtp import MtpDrafter
+    from localflash.speculative.drafter import LookupFirstDrafter
     from localflash.runner import RECURRENT_ARCHS
 
     if target is None:
-        target = Model(target_path, ModelOptions(n_gpu_layers=n_gpu_layers))
+        mtp = any(kind.startswith("mtp") for _, kind, _, _ in specs)
+        target = Model(target_path, ModelOptions(n_gpu_layers=n_gpu_layers, load_mtp=mtp))
     bench = Bench(target, [])
     kmax = {kind: max([k for _, kd, k, _ in specs if kd == kind] or [0]) for kind in {s[1] for s in specs}}
     shared: dict[str, tuple[object, object]] = {}
@@ -200,6 +203,11 @@ def build(target_path: Path, drafters: dict[str, Path | None], specs: list[tuple
             dm = Model(drafters["dflash"], ModelOptions(n_gpu_layers=n_gpu_layers))
             drafter = DFlashDrafter(dm, target, ctx, n_ctx + 16, n_threads=threads)
             drafter_timer = Timer(drafter.ctx, sync)
+        elif kind in ("mtp", "mtp+ngram"):  # the target's own MTP block, in its own MTP context
+            drafter = MtpDrafter(target, ctx, n_ctx, max(kmax[kind], 1), n_threads=threads)
+            drafter_timer = Timer(drafter.ctx, sync)
+            if kind == "mtp+ngram":
+                drafter = LookupFirstDrafter(drafter)
         else:
             raise ValueError(kind)
         bench.timers[kind] = (Timer(ctx, sync), drafter_timer)

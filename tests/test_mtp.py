@@ -261,3 +261,14 @@ def test_bench_runs_the_mtp_kinds_as_modes(lf, tiny_qwen35_mtp_agree, tmp_path):
     assert report["modes"] == ["none", "mtp", "mtp+ngram"]
     assert all(row["same_as_plain"] for row in report["runs"])
     assert report["results"]["mtp"]["all"]["drafted"] > 0
+
+
+def test_chat_status_shows_mtp_acceptance(lf, tiny_qwen35_mtp_agree):
+    import re
+
+    feed = "Name three colours.\n/stats\n/quit\n"
+    r = lf("chat", "-m", tiny_qwen35_mtp_agree, "--spec", "mtp", "--draft", "on", "--temp", "0", "-n", "24", "-t", "1",
+           input=feed)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert re.search(r"τ [\d.]+ · accept \d+% \(\d+/\d+\) · ctx \d+/\d+ · mtp on", r.stderr), r.stderr
+    assert "acceptance per draft position" in r.stdout
