@@ -192,6 +192,9 @@ def test_mtp_cache_equals_a_fresh_feed_of_the_committed_text(tiny_qwen35_mtp, ca
     shifted.decode_pairs(text, h, 0, output_last=False)  # paired with h_p instead of h_{p-1}: a different draft
     shifted.decode_pairs([out[-1]], h[-1:], len(text), output_last=True)
     assert not np.allclose(shifted.logits(-1), once, atol=1e-3 * float(np.abs(once).max()))
+    # a chat's next turn may resume just before this prompt's last token, 96 tokens back: h is still known there
+    d.rollback(len(toks) - 1)
+    np.testing.assert_allclose(d._hidden_at(len(toks) - 2), h[len(toks) - 2], atol=1e-3 * float(np.abs(h).max()))
     eng.close()
 
 

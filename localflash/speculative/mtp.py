@@ -26,6 +26,7 @@ from ..llama.nextn import MtpContext, enable_nextn, nextn_rows
 from .drafter import Drafter
 
 HIDDEN_KEPT = 64  # hidden states of the last positions kept, so a short rollback pairs exactly again
+PROMPT_ENDS_KEPT = 8  # ... and those at the end of the last few prompts, where a chat's next turn resumes
 
 
 def check_mtp_target(target: Model) -> None:
@@ -59,19 +60,31 @@ class MtpDrafter(Drafter):
         self._kept = np.zeros((HIDDEN_KEPT, width), np.float32)  # h_p at row p % HIDDEN_KEPT
         self._kept_pos = np.full(HIDDEN_KEPT, -1, np.int64)
         self._zero = np.zeros(width, np.float32)
+        self._pinned: dict[int, np.ndarray] = {}  # position -> h, at recent prompts' ends
         self.unpaired = 0  # feeds whose first token had no known h_{p-1} (paired with zeros)
 
     def _hidden_at(self, pos: int) -> np.ndarray | None:
         if pos < 0:
             return self._zero  # the first token of the text: llama.cpp pairs it with zeros too
         slot = pos % HIDDEN_KEPT
-        return self._kept[slot] if self._kept_pos[slot] == pos else None
+        return self._kept[slot] if self._kept_pos[slot] == pos else self._pinned.get(pos)
+
+    def on_prompt(self, prompt: list[int]) -> None:
+        """Keep h at the prompt's last positions: a later prompt that continues this one may resume there
+        (a hybrid target restores its state checkpoint from before the prompt's last token)."""
+        for pos in (len(prompt) - 2, len(prompt) - 1):
+            h = self._hidden_at(pos)
+            if pos >= 0 and h is not None:
+                self._pinned[pos] = h.copy()
+        for pos in sorted(self._pinned)[:-2 * PROMPT_ENDS_KEPT]:
+            del self._pinned[pos]
 
     def rollback(self, n_keep: int) -> None:
         if self.n_fed > n_keep:
             self.ctx.seq_rm(n_keep)
             self.n_fed = n_keep
             self._kept_pos[self._kept_pos >= n_keep] = -1
+            self._pinned = {p: h for p, h in self._pinned.items() if p < n_keep}
 
     def on_target_decode(self, target_ctx: Context, start_pos: int, n_committed: int) -> None:
         if start_pos < self.n_fed:
