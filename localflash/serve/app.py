@@ -146,7 +146,7 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
                     min_p=body.min_p, seed=body.seed, stop=stops(body))
 
     async def start(kind: str, prompt, params: dict, request: Request) -> tuple[Job, tuple]:
-        """Queue a job and wait for its first event (an error is raised before any header is sent)."""
+        """Queue a job and wait until it starts decoding (an error is raised before any header is sent)."""
         job = Job(kind, prompt, params, asyncio.get_running_loop())
         try:
             worker.submit(job)
@@ -156,7 +156,7 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
         first = await until_event(job, request)
         if first[0] == "error":
             raise error_from(first[1])
-        return job, first
+        return job, first  # ("started", None): streamed replies send headers now, pings cover a long prefill
 
     async def until_event(job: Job, request: Request) -> tuple:
         """The job's next event; a client that leaves meanwhile cancels the job."""

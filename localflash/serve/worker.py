@@ -1,7 +1,8 @@
 """One worker thread owns the one LLM; requests wait in a bounded FIFO queue.
 
 The HTTP side (asyncio) submits a :class:`Job` and reads its events from an
-asyncio queue: ``("chunk", Chunk)`` per step, then ``("done", last chunk)`` or
+asyncio queue: ``("started", None)`` once the request passed every check
+(before any decoding, so errors can still be HTTP statuses), ``("chunk", Chunk)`` per step, then ``("done", last chunk)`` or
 ``("error", exception)``. Setting ``job.cancel`` (a client went away) ends the
 generation at the next draft–verify cycle; a job cancelled while it waited is
 skipped. Every finished job is one log line and one record in the metrics.
@@ -137,8 +138,11 @@ class Worker:
         last = None
         outcome = ""
         try:
-            for chunk in self.llm.stream(job.prompt, cancel=job.cancel, **job.params):
-                if last is None:
+            gen = self.llm.stream(job.prompt, cancel=job.cancel, **job.params)  # checks everything before decoding
+            job.cancel.live = getattr(gen, "stats", None)
+            job.emit(("started", None))
+            for chunk in gen:
+                if job.cancel.live is None:
                     job.cancel.live = chunk.stats
                 last = chunk
                 job.emit(("chunk", chunk))
