@@ -134,13 +134,31 @@ def test_models_health_and_metrics(tiny_server):
     models = tiny_server.client().models.list()
     assert [m.id for m in models.data] == ["target"]
     assert httpx.get(tiny_server.url + "/health").json() == {"status": "ok", "running": 0, "queued": 0}
-    text = httpx.get(tiny_server.url + "/metrics").text
-    for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:requests_deferred",
-                 "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
-                 "vllm:spec_decode_num_drafts_total", "llamacpp:spec_decode_num_draft_tokens_total", 'localflash:requests_total{finish_reason="length"}'):
-        assert re.search(rf"^{re.escape(name)} \d", text, re.M), name
-    drafted = int(re.search(r"^vllm:spec_decode_num_draft_tokens_total (\d+)", text, re.M).group(1))
-    assert drafted > 0  # the earlier requests drafted with DFlash
+
+    def counters() -> dict[str, int]:
+        text = httpx.get(tiny_server.url + "/metrics").text
+        for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:requests_deferred",
+                     "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+                     "vllm:spec_decode_num_drafts_total", "llamacpp:spec_decode_num_draft_tokens_total",
+                     'localflash:requests_total{finish_reason="length"}'):
+            assert re.search(rf"^{re.escape(name)} \d", text, re.M), name
+        return {k: int(float(v)) for k, v in re.findall(r"^(\S+) (\S+)$", text, re.M)}
+
+    before = counters()
+    _, _, usage, timings, _ = chat(tiny_server, stream=False, messages=[{"role": "user", "content": "Count to ten."}], max_tokens=40)
+    after = counters()
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    assert delta["llamacpp:tokens_predicted_total"] == usage.completion_tokens == timings["predicted_n"]
+    assert delta["llamacpp:prompt_tokens_total"] == timings["prompt_n"]
+    assert delta["llamacpp:prompt_tokens_cached_total"] == timings["cache_n"]
+    for prefix in ("llamacpp:", "vllm:"):
+        assert delta[prefix + "spec_decode_num_draft_tokens_total"] == timings["draft_n"]
+        assert delta[prefix + "spec_decode_num_accepted_tokens_total"] == timings["draft_n_accepted"]
+    assert delta['localflash:requests_total{finish_reason="length"}'] == 1
+    schema = httpx.get(tiny_server.url + "/openapi.json").json()
+    chat_op = schema["paths"]["/v1/chat/completions"]["post"]
+    assert "400" in chat_op["responses"] and "422" not in chat_op["responses"]  # validation errors are 400 here
+    assert "messages" in schema["components"]["schemas"]["ChatCompletionRequest"]["required"]
 
 
 def test_four_concurrent_clients_each_get_their_own_complete_reply(tiny_server):

@@ -318,6 +318,17 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
         running, queued = worker.depth()
         return PlainTextResponse(metrics.render(running, queued), media_type="text/plain; version=0.0.4")
 
+    def openapi() -> dict:
+        """FastAPI's schema without its default 422 responses: validation errors are 400 here."""
+        if app.openapi_schema is None:
+            schema = FastAPI.openapi(app)
+            for ops in schema.get("paths", {}).values():
+                for op in ops.values():
+                    op.get("responses", {}).pop("422", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
     started = int(time.time())
     return app
 
