@@ -86,9 +86,11 @@ def one(client, model: str, kind: str, prompt: str, max_tokens: int, greedy: dic
     messages = [{"role": "user", "content": prompt}]
     base = dict(model=model, messages=messages, temperature=0, max_tokens=max_tokens)
     if kind == "completion":
-        r = client.completions.create(model=model, prompt=prompt, temperature=0.8, seed=1, max_tokens=max_tokens)
+        r = client.completions.create(model=model, prompt=prompt + "\n", temperature=0.8, seed=1, max_tokens=max_tokens)
         c = r.choices[0]
-        return None if c.text and c.finish_reason in ("stop", "length") else f"empty or odd: {c!r}"
+        if c.finish_reason == "stop" and not c.text and r.usage.completion_tokens == 0:
+            return None  # the model's first sampled token ended the text: an empty completion is its answer
+        return None if c.text and c.finish_reason in ("stop", "length") else f"empty or odd: {c!r} {r.usage!r}"
     if kind == "disconnect":
         s = client.chat.completions.create(stream=True, **{**base, "max_tokens": 400})
         for j, _ in enumerate(s):
