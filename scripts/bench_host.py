@@ -24,15 +24,24 @@ The target's output norm is scaled so its logits are peaked like a real
 model's (random weights alone give near-flat rows, where top-p 0.95 keeps most
 of the vocabulary); the sizes of the kept sets are printed.
 
-    .venv/bin/python scripts/bench_host.py                 # after: the current sampler
-    .venv/bin/python scripts/bench_host.py --before        # the sampler and verify of main at 5515589
-    .venv/bin/python scripts/bench_host.py --blocks 16 --sampling greedy --tokens 64
+Variants (all in one process, on the same models and prompt): ``before`` =
+the sampler and verify step of main at 5515589 (patched in from this script,
+verbatim), the DFlash drafts read from its logits by NumPy; ``host`` = today's
+sampler, drafts read by NumPy; ``graph`` = today's sampler, drafts taken by
+llama.cpp's in-graph argmax (only ids reach the host: what a GPU build does;
+on a CPU that argmax is a scalar loop inside the drafter's ``llama_decode``,
+which the drafter decode column shows).
+
+    .venv/bin/python scripts/bench_host.py --json host.json
+    .venv/bin/python scripts/bench_host.py --blocks 16 --sampling greedy --variants graph --tokens 64 --profile
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import sys
 import time
@@ -147,8 +156,9 @@ def kept_sizes(rows: np.ndarray, params) -> list[int]:
     return [len(kept_set(r, params)[0]) for r in rows]
 
 
-def run_block(tpath: Path, dpath: Path, block: int, a, out: list) -> None:
+def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) -> None:
     from localflash.llama import Context, ContextOptions, Model
+    from localflash.speculative import loop
     from localflash.speculative.dflash import DFlashDrafter
     from localflash.speculative.loop import Engine
     from localflash.speculative.sampling import SamplingParams
@@ -158,64 +168,82 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list) -> None:
     target = Model(tpath)
     k = block - 1
     ctx = Context(target, ContextOptions(n_ctx=1024, n_batch=256, n_ubatch=256, n_outputs_max=block, n_threads=a.threads, n_rs_seq=block))
-    plain_ctx = Context(target, ContextOptions(n_ctx=1024, n_batch=256, n_ubatch=256, n_outputs_max=1, n_threads=a.threads, n_rs_seq=1))
-    dflash = DFlashDrafter(Model(dpath), target, ctx, 1024 + 16, n_threads=a.threads)
-    synth = SyntheticDrafter(a.alpha, k, target.n_vocab, seed=0, inner=dflash)
-    eng = Engine(target, ctx, synth, adaptive=False, draft_max=k)
-    plain = Engine(target, plain_ctx, None, adaptive=False, draft_max=0)
-    tt, dt = bl.Timer(ctx), bl.Timer(dflash.ctx)
+    tt = bl.Timer(ctx)
+    engines = {}
+    for v in a.variants.split(","):  # before/host: NumPy reads the drafter's rows; graph: llama.cpp's graph returns ids
+        dflash = DFlashDrafter(Model(dpath), target, ctx, 1024 + 16, n_threads=a.threads, in_graph_argmax=v == "graph")
+        synth = SyntheticDrafter(a.alpha, k, target.n_vocab, seed=0, inner=dflash)
+        engines[v] = (Engine(target, ctx, synth, adaptive=False, draft_max=k), synth, bl.Timer(dflash.ctx))
     prompt = [int(x) for x in np.random.default_rng(0).integers(300, target.n_vocab - 1, size=64)]
+    real = (loop.Sampler, loop.verify_block)
     try:
         for name in a.sampling.split(","):
             temp, top_k, top_p, min_p = SAMPLING[name]
             sp = SamplingParams(temp, top_k, top_p, min_p, seed=7)
-            plain.reset()
-            ref = [t for new in plain.generate(prompt, a.tokens, sp) for t in new]
-            synth.set_reference(prompt + ref)
-            runs = []
-            for rep in range(a.repeat):
+            if name not in refs:  # the oracle's reference: plain decoding with the same settings and seed
+                plain_ctx = Context(target, ContextOptions(n_ctx=1024, n_batch=256, n_ubatch=256, n_outputs_max=1, n_threads=a.threads, n_rs_seq=1))
+                refs[name] = [t for new in Engine(target, plain_ctx).generate(prompt, a.tokens, sp) for t in new]
+                plain_ctx.close()
+            ref = refs[name]
+            for variant, (eng, synth, dt) in engines.items():
+                if variant == "before":
+                    use_before()
+                synth.set_reference(prompt + ref)
+                synth.off_track = 0
+                runs = []
+                for rep in range(a.repeat):
+                    eng.reset()
+                    st = Stats()
+                    gen = eng.generate(prompt, a.tokens, sp, st)
+                    first = next(gen)
+                    prof = cProfile.Profile() if a.profile else None
+                    if prof:
+                        prof.enable()
+                    t0, d0, c0 = tt.seconds, dt.seconds, time.thread_time()
+                    ci0 = tt.cpu + dt.cpu
+                    w0 = time.perf_counter()
+                    toks = list(first) + [t for new in gen for t in new]
+                    wall = time.perf_counter() - w0
+                    cpu = time.thread_time() - c0
+                    inside_cpu = tt.cpu + dt.cpu - ci0
+                    inside = tt.seconds - t0 + dt.seconds - d0
+                    if prof:
+                        prof.disable()
+                        pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+                    runs.append(dict(cycles=st.cycles, tau=st.tau, host_cpu=cpu - inside_cpu, host_wall=wall - inside,
+                                     verify=tt.seconds - t0, draft=dt.seconds - d0, same=toks == ref, hist=list(st.accept_hist)))
+                loop.Sampler, loop.verify_block = real
+                best = min(runs, key=lambda r: r["host_cpu"])  # interference only ever adds
+                cyc = best["cycles"]
+                host_us = 1e6 * best["host_cpu"] / cyc
+                row = {
+                    "block": block, "sampling": name, "variant": variant, "tokens": a.tokens,
+                    "cycles": cyc, "tau": best["tau"], "host_cpu_us_per_cycle": host_us,
+                    "host_wall_us_per_cycle": 1e6 * best["host_wall"] / cyc,
+                    "host_cpu_us_runs": [1e6 * r["host_cpu"] / r["cycles"] for r in runs],
+                    "share_20ms": host_us / (host_us + 20000), "share_30ms": host_us / (host_us + 30000),
+                    "target_decode_ms_per_cycle": 1e3 * best["verify"] / cyc, "drafter_decode_ms_per_cycle": 1e3 * best["draft"] / cyc,
+                    "same_as_plain": all(r["same"] for r in runs), "off_track_cycles": synth.off_track, "accept_hist": best["hist"],
+                }
+                out.append(row)
+                print(f"block {block:2d} {name:7s} {variant:6s}: host {host_us:7.0f} us/cycle CPU "
+                      f"({row['host_wall_us_per_cycle']:.0f} wall), tau {best['tau']:.2f}, {cyc} cycles, "
+                      f"{100 * row['share_20ms']:.2f}% of a 20 ms / {100 * row['share_30ms']:.2f}% of a 30 ms verify, "
+                      f"drafter decode {row['drafter_decode_ms_per_cycle']:.0f} ms/cycle, same as plain {row['same_as_plain']}", flush=True)
+            if name != "greedy" and block == 16:  # rows like the loop's: how big the kept sets are
+                eng = next(iter(engines.values()))[0]
                 eng.reset()
-                st = Stats()
-                gen = eng.generate(prompt, a.tokens, sp, st)
-                first = next(gen)
-                t0, d0, c0 = tt.seconds, dt.seconds, time.thread_time()
-                ci0 = tt.cpu + dt.cpu
-                w0 = time.perf_counter()
-                toks = list(first) + [t for new in gen for t in new]
-                wall = time.perf_counter() - w0
-                cpu = time.thread_time() - c0
-                inside_cpu = tt.cpu + dt.cpu - ci0
-                inside = tt.seconds - t0 + dt.seconds - d0
-                runs.append(dict(cycles=st.cycles, tau=st.tau, host_cpu=cpu - inside_cpu, host_wall=wall - inside,
-                                 verify=tt.seconds - t0, draft=dt.seconds - d0, same=toks == ref))
-            best = min(runs, key=lambda r: r["host_cpu"])  # interference only ever adds
-            cyc = best["cycles"]
-            host_us = 1e6 * best["host_cpu"] / cyc
-            row = {
-                "block": block, "sampling": name, "mode": "before" if a.before else "after", "tokens": a.tokens,
-                "cycles": cyc, "tau": best["tau"], "host_cpu_us_per_cycle": host_us,
-                "host_wall_us_per_cycle": 1e6 * best["host_wall"] / cyc,
-                "host_cpu_us_runs": [1e6 * r["host_cpu"] / r["cycles"] for r in runs],
-                "share_20ms": host_us / (host_us + 20000), "share_30ms": host_us / (host_us + 30000),
-                "target_decode_ms_per_cycle": 1e3 * best["verify"] / cyc, "drafter_decode_ms_per_cycle": 1e3 * best["draft"] / cyc,
-                "same_as_plain": all(r["same"] for r in runs), "off_track_cycles": synth.off_track,
-            }
-            if name != "greedy":
-                ctx.decode(prompt[-block:], 0, "all")  # rows like the loop's, for the kept-set sizes
+                ctx.decode(prompt[:-block], 0, "none")
+                ctx.decode(prompt[-block:], len(prompt) - block, "all")
                 sizes = kept_sizes(ctx.all_logits(), sp)
-                ctx.seq_rm(0)
-                row["kept_set_median"] = statistics.median(sizes)
-                row["kept_set_max"] = max(sizes)
-            out.append(row)
-            print(f"block {block:2d} {name:7s} {row['mode']:6s}: host {host_us:7.0f} us/cycle CPU "
-                  f"({row['host_wall_us_per_cycle']:.0f} wall), tau {best['tau']:.2f}, {cyc} cycles, "
-                  f"{100 * row['share_20ms']:.2f}% of a 20 ms / {100 * row['share_30ms']:.2f}% of a 30 ms verify, "
-                  f"same as plain {row['same_as_plain']}"
-                  + (f", kept set median {row['kept_set_median']:.0f} max {row['kept_set_max']}" if "kept_set_max" in row else ""),
-                  flush=True)
+                eng.reset()
+                print(f"  {name}: kept set sizes over a 16-row verify batch: median {statistics.median(sizes):.0f}, max {max(sizes)}")
+                out.append({"block": block, "sampling": name, "kept_set_sizes": sizes})
     finally:
-        eng.close()
-        plain_ctx.close()
+        loop.Sampler, loop.verify_block = real
+        for eng, _, _ in engines.values():
+            eng.drafter.close()
+        ctx.close()
 
 
 def main(argv=None) -> int:
@@ -226,18 +254,20 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=2, help="runs per setting; the lowest host CPU counts")
     ap.add_argument("--alpha", type=float, default=0.84, help="synthetic per-token acceptance (0.84: tau ~6 at block 16)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--before", action="store_true", help="patch in the sampler and verify step of main at 5515589")
+    ap.add_argument("--variants", default="before,host,graph",
+                    help="before: the sampler and verify step of main at 5515589 (drafts read by NumPy); "
+                         "host: today's sampler, drafts read by NumPy; graph: today's sampler, drafts as ids from llama.cpp's graph")
     ap.add_argument("--work", default=str(Path.home() / ".cache" / "localflash" / "bench_host"))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", action="store_true", help="print cProfile's top functions of each timed run")
     a = ap.parse_args(argv)
     bl.set_omp_wait("passive")
     blocks = [int(b) for b in a.blocks.split(",")]
     tpath, dpaths = write_models(Path(a.work), blocks)
-    if a.before:
-        use_before()
     rows: list = []
+    refs: dict = {}
     for b in blocks:
-        run_block(tpath, dpaths[b], b, a, rows)
+        run_block(tpath, dpaths[b], b, a, rows, refs)
     if a.json:
         Path(a.json).write_text(json.dumps({"machine": bl.machine_info(), "rows": rows}, indent=1))
     return 0

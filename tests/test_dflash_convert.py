@@ -69,7 +69,7 @@ def llama_vs_torch(target: Path, drafter_gguf: Path, model: DFlashDraft, hf_ids:
     tctx = Context(tgt, ContextOptions(n_ctx=256, n_outputs_max=16))
     taps = [i + 1 for i in hf_ids]  # HF hidden_states[i + 1] = output of layer i = input of layer i + 1
     tctx.capture_layer_inputs(taps)
-    dr = DFlashDrafter(dm, tgt, tctx, 256)
+    dr = DFlashDrafter(dm, tgt, tctx, 256, in_graph_argmax=False)  # its logits are compared
     toks = tgt.tokenize(TEXT)[:80]
     feats, cpp, pos = [], {}, 0
     for n in (9, 20, 33, 41, 47, 60, 71):  # prefill in chunks, injecting as the engine does, drafting after each

@@ -196,7 +196,7 @@ def test_dflash_injects_exactly_the_committed_positions(target, tiny_dflash):
     """After many cycles the drafter's cache equals one built from the committed text in one go."""
     toks = target.tokenize("the river of quiet stone and nine silver hills")
     ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_outputs_max=17, n_threads=1))
-    drafter = DFlashDrafter(Model(tiny_dflash), target, ctx, N_CTX + 16, n_threads=1)
+    drafter = DFlashDrafter(Model(tiny_dflash), target, ctx, N_CTX + 16, n_threads=1, in_graph_argmax=False)
     engine = Engine(target, ctx, drafter, adaptive=False)
     out = [t for c in engine.generate(toks, 80) for t in c]
     committed = engine.tokens
@@ -209,7 +209,7 @@ def test_dflash_injects_exactly_the_committed_positions(target, tiny_dflash):
     def rebuilt(tokens):
         """A drafter fed the features of ``tokens`` in one prefill, then asked for the same block."""
         fresh_ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_outputs_max=17, n_threads=1))
-        fresh = DFlashDrafter(Model(tiny_dflash), target, fresh_ctx, N_CTX + 16, n_threads=1)
+        fresh = DFlashDrafter(Model(tiny_dflash), target, fresh_ctx, N_CTX + 16, n_threads=1, in_graph_argmax=False)
         fresh_ctx.decode(tokens, 0, "last")
         fresh.on_target_decode(fresh_ctx, 0, len(tokens))
         fresh.ctx.decode([out[-1]] + [fresh.mask] * 15, len(committed), "all")

@@ -1,7 +1,7 @@
 """The only package that imports llama_cpp. Everything else uses these wrappers."""
 
 from .bindings import recent_log, set_verbose
-from .runtime import KV_TYPES, Batch, Context, ContextOptions, Model, ModelOptions, check_gguf, default_threads
+from .runtime import KV_TYPES, Batch, Context, ContextOptions, Model, ModelOptions, check_gguf, default_threads, gpu_offload_supported
 
 __all__ = [
     "KV_TYPES",
@@ -12,6 +12,7 @@ __all__ = [
     "ModelOptions",
     "check_gguf",
     "default_threads",
+    "gpu_offload_supported",
     "recent_log",
     "set_verbose",
 ]

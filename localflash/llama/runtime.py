@@ -37,6 +37,11 @@ def check_gguf(path: str | Path) -> Path:
     return p
 
 
+def gpu_offload_supported() -> bool:
+    """Whether this llama.cpp build can offload to a GPU (a CUDA/Metal/Vulkan build)."""
+    return bool(lib().llama_supports_gpu_offload())
+
+
 def default_threads() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
@@ -211,6 +216,7 @@ class Context:
         p.n_ubatch = min(o.n_ubatch, p.n_batch)
         p.n_seq_max = 1
         p.n_outputs_max = o.n_outputs_max
+        p.n_outputs_max_per_seq = 0  # = n_outputs_max: in-graph samplers may then take every output row
         p.n_rs_seq = o.n_rs_seq
         if o.mtp:
             p.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
@@ -308,6 +314,28 @@ class Context:
         ptr = lib().llama_get_logits(self.ptr)
         return np.ctypeslib.as_array(ptr, shape=(self._n_out, self.model.n_vocab))
 
+    # -- backend sampling ---------------------------------------------------
+    def sample_greedy_in_graph(self) -> bool:
+        """Take every output row's argmax inside llama.cpp's graph (``llama_set_sampler``).
+
+        Only token ids come back (read them with :meth:`sampled`); no logits are
+        copied to the host, so :meth:`logits` has nothing to show afterwards.
+        Returns False (and changes nothing) where the backend cannot do it.
+        """
+        L = lib()
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+        if not L.llama_set_sampler(self.ptr, 0, chain):
+            L.llama_sampler_free(chain)
+            return False
+        self._free.detach()  # the context refers to the chain: free the context first
+        self._free = weakref.finalize(self, _free_context_and_sampler, self.ptr, chain)
+        return True
+
+    def sampled(self, row: int) -> int:
+        """The token the in-graph sampler chose for output row ``row`` of the last decode."""
+        return lib().llama_get_sampled_token_ith(self.ptr, row)
+
     # -- memory -------------------------------------------------------------
     def seq_rm(self, p0: int, p1: int = -1) -> None:
         """Remove positions ``[p0, p1)`` from the cache; raise if the memory cannot."""
@@ -358,6 +386,11 @@ class Context:
     def close(self) -> None:
         self._free()
         self.ptr = None
+
+
+def _free_context_and_sampler(ctx, chain) -> None:
+    lib().llama_free(ctx)
+    lib().llama_sampler_free(chain)
 
 
 class _BuftOverride(ctypes.Structure):

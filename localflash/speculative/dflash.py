@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import LocalflashError
-from ..llama import Context, ContextOptions, Model
+from ..llama import Context, ContextOptions, Model, gpu_offload_supported
 from .drafter import Drafter
 
 # Architectures whose llama.cpp graph exposes per-layer inputs (t_layer_inp).
@@ -87,7 +87,8 @@ class DFlashDrafter(Drafter):
     name = "dflash"
     cost_grows_with_length = False
 
-    def __init__(self, model: Model, target: Model, target_ctx: Context, n_ctx: int, n_threads: int = 0, p_min: float = 0.0):
+    def __init__(self, model: Model, target: Model, target_ctx: Context, n_ctx: int, n_threads: int = 0, p_min: float = 0.0,
+                 in_graph_argmax: bool | None = None):
         self.layer_ids = check_dflash_pair(target, model)
         self.model = model
         self.block_size = int(model.meta("dflash.block_size") or 16)
@@ -107,6 +108,12 @@ class DFlashDrafter(Drafter):
         self.ctx.set_causal((model.meta("dflash.attention.causal") or "false").lower() == "true")
         if self.top_k:
             self.ctx.output_nextn(masked=False)  # the lattice has a row per block position, logits are not read
+        # DFlash drafts are read greedily. On a GPU, llama.cpp takes the argmax in its graph, so only ids cross
+        # the bus (a block's logits are 16 x n_vocab floats). Not on a CPU: ggml's CPU argmax is one
+        # scalar thread (~250 us per 248,320-token row), NumPy's is SIMD. None: decide by the build.
+        if in_graph_argmax is None:
+            in_graph_argmax = gpu_offload_supported()
+        self.in_graph = bool(in_graph_argmax) and not self.top_k and self.ctx.sample_greedy_in_graph()
         target_ctx.capture_layer_inputs(self.layer_ids)
         self.n_injected = 0  # positions 0..n_injected-1 carry target features
         self.ctx_limit = self.ctx.n_ctx - self.block_size
@@ -135,7 +142,10 @@ class DFlashDrafter(Drafter):
             drafts = walk_lattice(self.ctx.nextn_rows(len(block)), self.top_k, k, self.p_min)
         else:
             self.ctx.decode(block, n_past, "all")
-            drafts = self.ctx.all_logits()[1 : k + 1].argmax(axis=1).tolist()
+            if self.in_graph:
+                drafts = [self.ctx.sampled(i) for i in range(1, k + 1)]
+            else:
+                drafts = self.ctx.all_logits()[1 : k + 1].argmax(axis=1).tolist()
         self.ctx.seq_rm(n_past)
         return drafts
 

@@ -9,14 +9,15 @@ seed — the strongest form of "follows the target's distribution exactly".
 
 Candidates in sorted order (descending logit, ties by id) are all a sampler
 needs, and they form a prefix of the sorted vocabulary. :func:`kept_set` finds
-that prefix without sorting the vocabulary: it takes the tokens within
-``delta`` nats of the maximum (one compare pass), sorts only those, and checks
-that they provably contain the kept set — ``top_k`` of them, the ``min_p``
-threshold inside the window, and for top-p without top-k a cut that is the
-same for every normaliser ``Z`` the tokens outside the window allow (each of
-them weighs less than ``exp(-delta)``). When the check fails it falls back:
-the exact ``Z`` in one pass, then wider windows, then the whole vocabulary.
-So the result is exactly :func:`reference_distribution`'s, only cheaper.
+that prefix without sorting the vocabulary: it picks a threshold that about
+``window`` tokens pass (from a strided sample of the row), takes every token at
+or above it (one compare pass), sorts only those, and checks that they provably
+contain the kept set — ``top_k`` of them; for top-p without top-k a cut that is
+the same for every normaliser ``Z`` the tokens below the threshold allow (each
+of them weighs less than ``exp(threshold - top)``), else the same under the
+exact ``Z`` (one exp pass); the ``min_p`` threshold is explicit. When the check
+fails the window grows eightfold, up to the whole vocabulary. So the result is
+exactly :func:`reference_distribution`'s, only cheaper.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import numpy as np
 
 from ..errors import LocalflashError
 
-DELTA = 16.0  # first candidate window, in nats below the top logit (outside it a token weighs < 1.1e-7)
+WINDOW = 256  # tokens in the first candidate window (top-k: at least 4 k)
+STRIDE = 16  # the window's threshold comes from every STRIDE-th logit
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ def _tempered(vals: np.ndarray, temperature: float) -> np.ndarray:
     return probs / probs.sum()
 
 
-def kept_set(logits: np.ndarray, p: SamplingParams, delta: float = DELTA) -> tuple[np.ndarray, np.ndarray, str]:
+def kept_set(logits: np.ndarray, p: SamplingParams, window: int = WINDOW) -> tuple[np.ndarray, np.ndarray, str]:
     """Kept token ids (sorted) and their logits (float64), and how they were found.
 
     ``how`` is ``window`` (the first window sufficed), ``exact-z`` (top-p needed
@@ -99,40 +101,90 @@ def kept_set(logits: np.ndarray, p: SamplingParams, delta: float = DELTA) -> tup
     n = logits.shape[0]
     k = p.top_k if 0 < p.top_k < n else 0
     top = float(logits.max())
+    if not k and p.top_p >= 1.0 and p.min_p > 0.0:  # min-p alone: an explicit threshold
+        cand = np.flatnonzero(logits >= top + math.log(p.min_p) - 1e-6)
+        ids, vals, _ = _prefix(logits, cand, top, count=len(cand))
+        m = _keep(vals, p, 0.0)
+        return ids[:m], vals[:m], "window"
     z_exact = None
     how = "window"
-    d = max(delta, -math.log(p.min_p) + 1e-6) if p.min_p > 0 and k == 0 and p.top_p >= 1.0 else delta
+    want = max(window, 4 * k)
     while True:
-        whole = d == math.inf
-        ids = np.arange(n) if whole else np.flatnonzero(logits >= top - d)
-        ids, vals = _sorted(logits, ids)
-        if k and len(ids) >= k:
+        thr = _threshold(logits, want)
+        cand = np.arange(n) if thr is None else np.flatnonzero(logits >= thr)
+        whole = len(cand) == n
+        if k and (len(cand) >= k or whole):
+            ids, vals, _ = _prefix(logits, cand, top, count=k)
             ids, vals = ids[:k], vals[:k]
-            return ids[: (m := _keep(vals, p, float(np.exp(vals - top).sum())))], vals[:m], how
-        if whole:
-            return ids[: (m := _keep(vals, p, float(np.exp(vals - top).sum())))], vals[:m], how
-        if not k:
-            w = np.exp(vals - top)
-            cum = np.cumsum(w)
-            if p.top_p < 1.0:
+            m = _keep(vals, p, float(np.exp(vals - top).sum()))
+            return ids[:m], vals[:m], how
+        if not k and p.top_p < 1.0:
+            s_window = float(np.exp(logits[cand].astype(np.float64) - top).sum())
+            while True:  # the cut under the normaliser's bounds, then under the exact normaliser
                 if z_exact is None:
-                    z_lo, z_hi = float(cum[-1]), float(cum[-1]) + (n - len(ids)) * math.exp(-d)
+                    z_lo, z_hi = s_window, s_window + (0.0 if whole else (n - len(cand)) * math.exp(float(thr) - top))
                 else:
                     z_lo = z_hi = z_exact
-                lo = int(np.searchsorted(cum, p.top_p * z_lo)) + 1
-                hi = int(np.searchsorted(cum, p.top_p * z_hi)) + 1
-                if lo == hi and hi <= len(ids):
-                    m = _keep(vals[:hi], replace_top_p(p), 0.0)  # min-p on top
-                    return ids[:m], vals[:m], how
-                if z_exact is None:
-                    z_exact = float(np.exp(logits - np.float32(top), dtype=np.float32).sum(dtype=np.float64))
-                    how = "exact-z"
-                    continue
-            elif p.min_p > 0.0:  # the window reaches below min_p's threshold
-                m = _keep(vals, p, 0.0)
-                return ids[:m], vals[:m], how
-        how = "wider" if d < 4 * delta else "full"
-        d = d * 2 if d < 4 * delta else math.inf
+                if p.top_p * z_hi <= s_window * (1 - 1e-12) or whole:
+                    ids, vals, cum = _prefix(logits, cand, top, mass=p.top_p * z_hi)
+                    lo = int(np.searchsorted(cum, p.top_p * z_lo)) + 1
+                    if lo == int(np.searchsorted(cum, p.top_p * z_hi)) + 1 and lo <= len(ids):
+                        m = _keep(vals[:lo], replace_top_p(p), 0.0)  # min-p on top
+                        return ids[:m], vals[:m], how
+                if z_exact is not None or whole:
+                    break
+                z_exact = _normaliser(logits, top)
+                how = "exact-z"
+        if whole:  # top-p 1 and min-p 0 (the reference's unfiltered case)
+            ids, vals, _ = _prefix(logits, cand, top, count=n)
+            return ids, vals, "full"
+        want *= 8
+        how = "wider" if want < n // 4 else "full"
+
+
+def _threshold(logits: np.ndarray, want: int):
+    """A logit that about ``want`` tokens reach (from a strided sample); None: take them all."""
+    n = logits.shape[0]
+    if want >= n // 4:
+        return None
+    sample = logits[::STRIDE]
+    j = min(len(sample) - 1, want // STRIDE + 1)
+    return np.partition(sample, len(sample) - 1 - j)[len(sample) - 1 - j]
+
+
+_buffers: dict[int, np.ndarray] = {}
+
+
+def _normaliser(logits: np.ndarray, top: float) -> float:
+    """sum(exp(logits - top)) in one pass through a reused buffer (fresh 1 MB arrays cost page faults)."""
+    buf = _buffers.get(logits.shape[0])
+    if buf is None:
+        buf = _buffers[logits.shape[0]] = np.empty(logits.shape[0], np.float32)
+    np.subtract(logits, np.float32(top), out=buf)
+    np.exp(buf, out=buf)
+    return float(buf.sum(dtype=np.float64))
+
+
+def _prefix(logits: np.ndarray, cand: np.ndarray, top: float, count: int = 0, mass: float = 0.0):
+    """The start of ``cand`` in sorted order, long enough to hold ``count`` tokens or weigh ``mass``.
+
+    ``cand`` must be every token above some value (a prefix of the sorted vocabulary, in id order).
+    Sorts only what is needed: the top 64, 256, ... by partition, all ties at the edge included.
+    Returns ids, logits (float64) and cumulative weights exp(logit - top).
+    """
+    vals = logits[cand]
+    j = max(count, 64)
+    while True:
+        if j < len(cand):
+            edge = vals[np.argpartition(-vals, j - 1)[j - 1]]
+            sel = np.flatnonzero(vals >= edge)  # ties at the edge too: still a prefix of the sorted order
+        else:
+            sel = np.arange(len(cand))
+        ids, v = _sorted(logits, cand[sel])
+        cum = np.cumsum(np.exp(v - top))
+        if len(sel) == len(cand) or (len(ids) >= count and cum[-1] >= mass):
+            return ids, v, cum
+        j *= 4
 
 
 def _sorted(logits: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -142,23 +194,24 @@ def _sorted(logits: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return ids[order], vals[order]
 
 
-def sample_unfiltered(logits: np.ndarray, temperature: float, u: float, delta: float = DELTA) -> tuple[int, str]:
+def sample_unfiltered(logits: np.ndarray, temperature: float, u: float, window: int = WINDOW) -> tuple[int, str]:
     """The token at ``u`` of the whole tempered distribution (no top-k/top-p/min-p), and how it was found.
 
-    Inverse-CDF in sorted order over the window ``delta * max(T, 1)`` nats below the top,
-    when the tokens outside it (each weighing < exp(-window/T)) cannot move ``u``'s
-    token for any normaliser they allow; else over the whole sorted vocabulary.
+    Inverse-CDF in sorted order over a window of about ``window`` tokens when the
+    tokens below it (each weighing < exp((threshold - top)/T)) cannot move ``u``'s
+    token for any normaliser they allow; else under the exact normaliser, over the whole vocabulary.
     """
     n = logits.shape[0]
     top = float(logits.max())
-    d = delta * max(temperature, 1.0)
-    ids, vals = _sorted(logits, np.flatnonzero(logits >= top - d))
-    cum = np.cumsum(np.exp((vals - top) / temperature))
-    z_lo = float(cum[-1])
-    z_hi = z_lo + (n - len(ids)) * math.exp(-d / temperature)
-    lo = int(np.searchsorted(cum, u * z_lo, side="right"))
-    if lo == int(np.searchsorted(cum, u * z_hi, side="right")) and lo < len(ids):
-        return int(ids[lo]), "window"
+    thr = _threshold(logits, window)
+    if thr is not None:
+        ids, vals = _sorted(logits, np.flatnonzero(logits >= thr))
+        cum = np.cumsum(np.exp((vals - top) / temperature))
+        z_lo = float(cum[-1])
+        z_hi = z_lo + (n - len(ids)) * math.exp((float(thr) - top) / temperature)
+        lo = int(np.searchsorted(cum, u * z_lo, side="right"))
+        if lo == int(np.searchsorted(cum, u * z_hi, side="right")) and lo < len(ids):
+            return int(ids[lo]), "window"
     ids, vals = _sorted(logits, np.arange(n))
     probs = _tempered(vals, temperature)
     i = int(np.searchsorted(np.cumsum(probs), u, side="right"))

@@ -1,0 +1,53 @@
+"""llama.cpp's own sampler chain (top-k, top-p, min-p, temperature, dist), for measuring beside ours.
+
+localflash samples in :mod:`localflash.speculative.sampling` (its seeded draws
+are what make speculative sampling equal plain sampling token for token);
+``scripts/bench_sampling.py`` times this chain, on the host and attached to a
+context as llama.cpp's backend sampling, on the same rows.
+"""
+
+from __future__ import annotations
+
+from .bindings import lib
+from .runtime import Context
+
+
+class SamplerChain:
+    """A ``llama_sampler`` chain in llama.cpp's default order; greedy when ``temperature`` is 0."""
+
+    def __init__(self, temperature: float, top_k: int, top_p: float, min_p: float, seed: int = 0):
+        L = lib()
+        self.ptr = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if temperature <= 0:
+            parts = [L.llama_sampler_init_greedy()]
+        else:
+            parts = []
+            if top_k > 0:
+                parts.append(L.llama_sampler_init_top_k(top_k))
+            if top_p < 1.0:
+                parts.append(L.llama_sampler_init_top_p(top_p, 1))
+            if min_p > 0.0:
+                parts.append(L.llama_sampler_init_min_p(min_p, 1))
+            parts += [L.llama_sampler_init_temp(temperature), L.llama_sampler_init_dist(seed)]
+        for p in parts:
+            L.llama_sampler_chain_add(self.ptr, p)
+        self.attached: Context | None = None
+
+    def sample(self, ctx: Context, row: int) -> int:
+        """Sample output row ``row`` of ``ctx``'s last decode on the host (and accept it)."""
+        return lib().llama_sampler_sample(self.ptr, ctx.ptr, row)
+
+    def attach(self, ctx: Context) -> bool:
+        """Run the chain inside ``ctx``'s graph (backend sampling); read tokens with ``ctx.sampled``.
+
+        The context must be closed before this chain.
+        """
+        ok = bool(lib().llama_set_sampler(ctx.ptr, 0, self.ptr))
+        self.attached = ctx if ok else None
+        return ok
+
+    def close(self) -> None:
+        if self.attached is not None and self.attached.ptr is not None:
+            raise RuntimeError("close the context this chain is attached to first")
+        lib().llama_sampler_free(self.ptr)
+        self.ptr = None
