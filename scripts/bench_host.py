@@ -196,7 +196,7 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
                     st = Stats()
                     gen = eng.generate(prompt, a.tokens, sp, st)
                     first = next(gen)
-                    prof = cProfile.Profile() if a.profile else None
+                    prof = cProfile.Profile(time.thread_time) if a.profile else None
                     if prof:
                         prof.enable()
                     t0, d0, c0 = tt.seconds, dt.seconds, time.thread_time()
@@ -209,7 +209,7 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
                     inside = tt.seconds - t0 + dt.seconds - d0
                     if prof:
                         prof.disable()
-                        pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+                        pstats.Stats(prof).sort_stats("tottime").print_stats(a.profile_top)
                     runs.append(dict(cycles=st.cycles, tau=st.tau, host_cpu=cpu - inside_cpu, host_wall=wall - inside,
                                      verify=tt.seconds - t0, draft=dt.seconds - d0, same=toks == ref, hist=list(st.accept_hist)))
                 loop.Sampler, loop.verify_block = real
@@ -259,7 +259,8 @@ def main(argv=None) -> int:
                          "host: today's sampler, drafts read by NumPy; graph: today's sampler, drafts as ids from llama.cpp's graph")
     ap.add_argument("--work", default=str(Path.home() / ".cache" / "localflash" / "bench_host"))
     ap.add_argument("--json", default=None)
-    ap.add_argument("--profile", action="store_true", help="print cProfile's top functions of each timed run")
+    ap.add_argument("--profile", action="store_true", help="print cProfile's top functions (thread CPU time) of each timed run")
+    ap.add_argument("--profile-top", type=int, default=16)
     a = ap.parse_args(argv)
     bl.set_omp_wait("passive")
     blocks = [int(b) for b in a.blocks.split(",")]

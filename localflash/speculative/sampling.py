@@ -100,8 +100,8 @@ def kept_set(logits: np.ndarray, p: SamplingParams, window: int = WINDOW) -> tup
     """
     n = logits.shape[0]
     k = p.top_k if 0 < p.top_k < n else 0
-    top = float(logits.max())
     if not k and p.top_p >= 1.0 and p.min_p > 0.0:  # min-p alone: an explicit threshold
+        top = float(logits.max())
         cand = np.flatnonzero(logits >= top + math.log(p.min_p) - 1e-6)
         ids, vals, _ = _prefix(logits, cand, top, count=len(cand))
         m = _keep(vals, p, 0.0)
@@ -112,6 +112,7 @@ def kept_set(logits: np.ndarray, p: SamplingParams, window: int = WINDOW) -> tup
     while True:
         thr = _threshold(logits, want)
         cand = np.arange(n) if thr is None else np.flatnonzero(logits >= thr)
+        top = float(logits.max() if thr is None else logits[cand].max())  # the threshold is a logit of the row
         whole = len(cand) == n
         if k and (len(cand) >= k or whole):
             ids, vals, _ = _prefix(logits, cand, top, count=k)
@@ -202,10 +203,10 @@ def sample_unfiltered(logits: np.ndarray, temperature: float, u: float, window: 
     token for any normaliser they allow; else under the exact normaliser, over the whole vocabulary.
     """
     n = logits.shape[0]
-    top = float(logits.max())
     thr = _threshold(logits, window)
     if thr is not None:
         ids, vals = _sorted(logits, np.flatnonzero(logits >= thr))
+        top = float(vals[0])
         cum = np.cumsum(np.exp((vals - top) / temperature))
         z_lo = float(cum[-1])
         z_hi = z_lo + (n - len(ids)) * math.exp((float(thr) - top) / temperature)
@@ -213,6 +214,7 @@ def sample_unfiltered(logits: np.ndarray, temperature: float, u: float, window: 
         if lo == int(np.searchsorted(cum, u * z_hi, side="right")) and lo < len(ids):
             return int(ids[lo]), "window"
     ids, vals = _sorted(logits, np.arange(n))
+    top = float(vals[0])
     probs = _tempered(vals, temperature)
     i = int(np.searchsorted(np.cumsum(probs), u, side="right"))
     return int(ids[min(i, n - 1)]), "full"
