@@ -117,12 +117,16 @@ def main(argv=None) -> int:
     print(f"{'alpha':>5s} {'k':>3s} {'tau exp':>7s} {'ours tau':>8s} {'ours tok/s':>10s} {'x plain':>7s} {'peer tok/s':>10s} {'x plain':>7s} "
           f"{'oracle tok/s':>12s} {'x plain':>7s}")
     for alpha in alphas:
+        if alpha != alphas[0]:  # plain again beside each α's rows: this machine's speed drifts
+            ours_plain = ours(0, None, False)[0]
+            peer_plain = sum(peer_tok_s(peer, pair.target, pair.drafter, t, a.tokens, 0, None) for t in texts) / len(texts)
+            print(f"plain: ours {ours_plain:.1f} tok/s, peer {peer_plain:.1f} tok/s")
         for k in lengths:
             tau_exp = 1 + sum(alpha ** (j + 1) for j in range(k))
             o_tps, o_tau = ours(k, alpha, True)
             c_tps, _ = ours(k, alpha, False)
             p_tps = sum(peer_tok_s(peer, pair.target, pair.drafter, t, a.tokens, k, alpha) for t in texts) / len(texts)
-            row = dict(alpha=alpha, k=k, tau_expected=tau_exp, ours_tau=o_tau, ours_tok_s=o_tps, ours_speedup=o_tps / ours_plain,
+            row = dict(alpha=alpha, k=k, tau_expected=tau_exp, ours_plain_tok_s=ours_plain, peer_plain_tok_s=peer_plain, ours_tau=o_tau, ours_tok_s=o_tps, ours_speedup=o_tps / ours_plain,
                        peer_tok_s=p_tps, peer_speedup=p_tps / peer_plain, oracle_tok_s=c_tps, oracle_speedup=c_tps / ours_plain)
             rows.append(row)
             print(f"{alpha:5.2f} {k:3d} {tau_exp:7.2f} {o_tau:8.2f} {o_tps:10.1f} {row['ours_speedup']:7.2f} {p_tps:10.1f} "
