@@ -95,7 +95,8 @@ def open_engine(cfg: RunConfig, target=None):
 
     ``target``: an already loaded target Model to share (``bench`` runs one context per mode on it).
     """
-    from .llama import Context, ContextOptions, Model, ModelOptions
+    from .llama import Context, ContextOptions, Model, ModelOptions, verbose
+    from .llama.rollback import check_snapshot_depth
     from .speculative.dflash import DFlashDrafter
     from .speculative.draft_model import DraftModelDrafter
     from .speculative.drafter import LookupFirstDrafter, NgramDrafter
@@ -120,6 +121,7 @@ def open_engine(cfg: RunConfig, target=None):
     max_draft = 8 if synthetic else {"dflash": 15, "draft": 8, "eagle3": 8, "ngram": 8, "mtp": MTP_DRAFT_MAX, "none": 0}[kind]
     if cfg.draft_max is not None:
         max_draft = min(max_draft, cfg.draft_max) if kind == "dflash" else cfg.draft_max
+    check_snapshot_depth(_arch_of(cfg.target) or "", max_draft, 512)
     plan = plan_for(cfg, drafter_path if kind in MODEL_DRAFTERS else None, max_draft, mtp=kind == "mtp")
     kw = runtime_kwargs(plan)
     if target is None:
@@ -139,7 +141,7 @@ def open_engine(cfg: RunConfig, target=None):
     if kind in MODEL_DRAFTERS:
         d = kw["drafter"] or {}
         drafter_model = Model(drafter_path, ModelOptions(n_gpu_layers=d.get("n_gpu_layers", -1), split_mode=0, main_gpu=d.get("main_gpu", 0)))
-    n_rs = max_draft + 1 if target.arch in RECURRENT_ARCHS else 0
+    n_rs = plan.n_rs_seq  # the plan prices it; a hybrid target's verify cut goes back at most max_draft
     ctx = Context(
         target,
         ContextOptions(
@@ -174,6 +176,10 @@ def open_engine(cfg: RunConfig, target=None):
         drafter = LookupFirstDrafter(drafter)
     engine = Engine(target, ctx, drafter, adaptive=cfg.adaptive, draft_max=max_draft)
     engine.plan = plan
+    if verbose():
+        import sys
+
+        sys.stderr.write(f"localflash: target cache rollback: {ctx.describe_rollback()}\n")
     return engine
 
 

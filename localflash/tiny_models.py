@@ -539,7 +539,12 @@ class HybridSpec:
     n_ctx_train: int = 4096
     seed: int = 0
     noise: float = 0.0
-    layer_scale: float = 0.05
+    # the recurrent state must matter: slow decay (exp(-exp(a_log) * softplus(dt)) per token), so that a
+    # stale state changes the next tokens (tests catch a wrong rollback by that); weak layers keep the
+    # text repetitive enough for n-gram lookup to draft
+    layer_scale: float = 0.03
+    a_log: float = -3.0  # mean log decay rate of the Gated-DeltaNet heads (lower: longer memory)
+    dt_bias: float = -1.0
 
     def recurrent(self, il: int) -> bool:
         return il < self.n_layer and (il + 1) % self.full_attention_interval != 0
@@ -603,8 +608,8 @@ def write_hybrid(path: str | Path, spec: HybridSpec | None = None, **kw) -> Path
             w.add_tensor(b + "attn_qkv.weight", rand((conv_dim, d), s))
             w.add_tensor(b + "attn_gate.weight", rand((value_dim, d), s))
             w.add_tensor(b + "ssm_conv1d.weight", rand((conv_dim, spec.conv_kernel), 0.5))
-            w.add_tensor(b + "ssm_dt.bias", rand((spec.linear_v_heads,), 0.5))
-            w.add_tensor(b + "ssm_a", -np.exp(rand((spec.linear_v_heads,), 0.5)))  # -exp(A_log)
+            w.add_tensor(b + "ssm_dt.bias", rand((spec.linear_v_heads,), 0.5) + spec.dt_bias)
+            w.add_tensor(b + "ssm_a", -np.exp(rand((spec.linear_v_heads,), 0.5) + spec.a_log))  # -exp(A_log)
             if a == "qwen35":
                 w.add_tensor(b + "ssm_beta.weight", rand((spec.linear_v_heads, d), s))
                 w.add_tensor(b + "ssm_alpha.weight", rand((spec.linear_v_heads, d), s))

@@ -188,7 +188,7 @@ def build(target_path: Path, drafters: dict[str, Path | None], specs: list[tuple
     kmax = {kind: max([k for _, kd, k, _ in specs if kd == kind] or [0]) for kind in {s[1] for s in specs}}
     shared: dict[str, tuple[object, object]] = {}
     for kind in kmax:
-        n_rs = kmax[kind] + 1 if target.arch in RECURRENT_ARCHS else 0
+        n_rs = kmax[kind] if target.arch in RECURRENT_ARCHS else 0  # as runner/plan: the longest draft
         ctx = Context(target, ContextOptions(n_ctx=n_ctx, n_outputs_max=max(kmax[kind] + 1, 1), n_threads=threads, n_rs_seq=n_rs))
         drafter_timer = None
         if kind == "none":

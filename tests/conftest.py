@@ -72,8 +72,8 @@ def tiny_qwen35_drafters(tiny_dir) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def tiny_qwen35_dflash(tiny_dir) -> Path:
-    """A random DFlash drafter over ``tiny_qwen35``'s layer inputs 1, 3 and 5."""
-    return write_dflash(tiny_dir / "qwen35-dflash.gguf", DFlashSpec(target_layers=[1, 3, 5], block_size=16, seed=5))
+    """A random DFlash drafter (block 8) over ``tiny_qwen35``'s layer inputs 1, 3 and 5."""
+    return write_dflash(tiny_dir / "qwen35-dflash.gguf", DFlashSpec(target_layers=[1, 3, 5], block_size=8, seed=5))
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """The only package that imports llama_cpp. Everything else uses these wrappers."""
 
-from .bindings import recent_log, set_verbose
+from .bindings import recent_log, set_verbose, verbose
 from .runtime import KV_TYPES, Batch, Context, ContextOptions, Model, ModelOptions, check_gguf, default_threads, gpu_offload_supported
 
 __all__ = [
@@ -15,4 +15,5 @@ __all__ = [
     "gpu_offload_supported",
     "recent_log",
     "set_verbose",
+    "verbose",
 ]

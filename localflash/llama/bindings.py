@@ -47,6 +47,11 @@ def set_verbose(verbose: bool) -> None:
     _state.verbose = verbose
 
 
+def verbose() -> bool:
+    """Whether ``--verbose`` is on (localflash's own diagnostics go to stderr then, too)."""
+    return _state.verbose
+
+
 def recent_log() -> list[str]:
     """The last lines llama.cpp logged (kept even when silenced, for error messages)."""
     return [line for line in _state.recent if line.strip()]

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import LocalflashError, RollbackError
+from ..errors import LocalflashError
 from .bindings import ext, lib, recent_log
+from .rollback import RecurrentCache, StateCheckpoint  # noqa: F401  (StateCheckpoint: re-exported)
 
 GGUF_MAGIC = b"GGUF"
 
@@ -203,7 +204,7 @@ class Batch:
             self.raw.seq_id[i][0] = 0
 
 
-class Context:
+class Context(RecurrentCache):
     """An inference context (KV cache, compute buffers) on one model, sequence 0."""
 
     def __init__(self, model: Model, options: ContextOptions | None = None, other: "Context | None" = None):
@@ -242,6 +243,7 @@ class Context:
         self._embd_batch: Batch | None = None
         self._n_out = 0
         self.n_last = 0  # tokens in the last token decode (rows of layer inputs)
+        self._init_rollback(getattr(o, "mtp", False), p.n_ubatch)
 
     # -- decoding -----------------------------------------------------------
     def decode(self, tokens, start_pos: int, outputs: str = "last") -> int:
@@ -268,6 +270,7 @@ class Context:
             n_out = int(outputs == "last")
         b.raw.n_tokens = n
         self._run(b.raw, n)
+        self._decoded(start_pos, n)
         self._n_out = n_out
         self.n_last = n
         return n_out
@@ -291,6 +294,7 @@ class Context:
             b.logits[:m] = 0
             b.raw.n_tokens = m
             self._run(b.raw, m)
+            self._decoded(start_pos + off, m)
         self._n_out = 0
 
     def _run(self, raw, n: int) -> None:
@@ -337,19 +341,12 @@ class Context:
         return lib().llama_get_sampled_token_ith(self.ptr, row)
 
     # -- memory -------------------------------------------------------------
-    def seq_rm(self, p0: int, p1: int = -1) -> None:
-        """Remove positions ``[p0, p1)`` from the cache; raise if the memory cannot."""
-        if not lib().llama_memory_seq_rm(self.mem, 0, p0, p1):
-            raise RollbackError(
-                f"{self.model.path.name}: the cache could not drop positions from {p0}",
-                hint="hybrid/recurrent models need n_rs_seq >= the draft length",
-            )
-
     def pos_max(self) -> int:
         return lib().llama_memory_seq_pos_max(self.mem, 0)
 
     def clear(self) -> None:
         lib().llama_memory_clear(self.mem, True)
+        self._cleared()
 
     def set_causal(self, causal: bool) -> None:
         lib().llama_set_causal_attn(self.ptr, causal)

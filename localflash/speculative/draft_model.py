@@ -57,8 +57,7 @@ class DraftModelDrafter(Drafter):
 
     def rollback(self, n_keep: int) -> None:
         if len(self.kv) > n_keep:
-            self.ctx.seq_rm(n_keep)
-            del self.kv[n_keep:]
+            del self.kv[self.ctx.rewind(n_keep) :]  # a hybrid drafter may resume earlier (its checkpoint)
 
     def on_prompt(self, prompt: list[int]) -> None:
         """Decode the prompt into the draft cache now, while the target prefills, not in the first cycle."""
@@ -78,7 +77,7 @@ class DraftModelDrafter(Drafter):
         if want_logits and p == len(tokens):
             p -= 1  # re-decode the last token to get its logits
         self.rollback(p)
-        start = p
+        start = p = min(p, len(self.kv))
         if max_gap is not None and len(tokens) - p > max_gap:
             self.ctx.seq_rm(0)
             start = self.window_start = len(tokens) - max_gap
@@ -93,6 +92,9 @@ class DraftModelDrafter(Drafter):
         if k <= 0:
             return []
         self._catch_up(history, want_logits=True, max_gap=CATCH_UP_MAX)
+        # a hybrid drafter's rejected tokens span several one-token decodes, which no snapshot
+        # undoes: keep its state here, restored (and the accepted tokens replayed) next cycle
+        self.ctx.checkpoint(transient=True)
         drafts: list[int] = []
         while True:
             logits = self.ctx.logits(-1)

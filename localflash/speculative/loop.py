@@ -47,6 +47,7 @@ class Engine:
                 hint="raise -c/--ctx or shorten the prompt",
             )
         t0 = time.perf_counter()
+        counts0 = dict(self.ctx.counts)
         last = sample(self._prefill(prompt, st))
         st.t_prefill = time.perf_counter() - t0
         st.prompt_tokens = len(prompt)
@@ -75,13 +76,15 @@ class Engine:
                 draft = self.drafter.propose(history, n_past, k) if k else []
                 t_draft = time.perf_counter() - td
                 tv = time.perf_counter()
+                if draft and self.ctx.recurrent and len(draft) > self.ctx.n_rs_seq:
+                    self.ctx.checkpoint(transient=True)  # no snapshot reaches back (qwen3next): restore + replay on a miss
                 self.ctx.decode([last] + draft, n_past, "all" if draft else "last")
                 new = verify_block(self.ctx, draft, sample, self.target.is_eog)
-                t_verify = time.perf_counter() - tv
                 m = len(new) - 1  # drafts accepted
-                if m < len(draft):
-                    self.ctx.seq_rm(n_past + m + 1)
                 self.tokens += [last] + draft[:m]
+                if m < len(draft):
+                    self._cut(len(self.tokens))
+                t_verify = time.perf_counter() - tv
                 td2 = time.perf_counter()
                 self.drafter.on_target_decode(self.ctx, n_past, m + 1)
                 t_draft += time.perf_counter() - td2
@@ -103,6 +106,9 @@ class Engine:
             st.stop = "length"
         finally:
             st.t_decode = time.perf_counter() - t_start
+            st.rollback = self.ctx.rollback_path
+            st.snapshot_rollbacks += self.ctx.counts["snapshot"] - counts0["snapshot"]
+            st.checkpoint_restores += self.ctx.counts["restore"] - counts0["restore"]
             # ``last`` is never in the cache: the next request re-decodes it if its prompt continues here
 
     def _prefill(self, prompt: list[int], st: Stats):
@@ -110,16 +116,22 @@ class Engine:
         keep = _common_prefix(self.tokens, prompt)
         if keep == len(prompt):
             keep -= 1  # at least one token must be decoded to get fresh logits
-        self.ctx.seq_rm(keep)
+        keep = st.cached_tokens = self.ctx.rewind(keep)  # recurrent memory may resume earlier: its newest valid checkpoint
         self.drafter.rollback(keep)
         del self.tokens[keep:]
         n_batch = self.ctx.n_batch
-        for off in range(keep, len(prompt), n_batch):
-            chunk = prompt[off : off + n_batch]
-            final = off + len(chunk) == len(prompt)
-            self.ctx.decode(chunk, off, "last" if final else "none")
-            self.tokens += chunk
-            self.drafter.on_target_decode(self.ctx, off, len(chunk))
+        # recurrent memory: save the state before the prompt's last token, where a later prompt that
+        # repeats this one or continues it (the next chat turn) can resume
+        split = len(prompt) - 1 if self.ctx.recurrent and keep < len(prompt) - 1 else len(prompt)
+        for lo, hi in ((keep, split), (split, len(prompt))):
+            for off in range(lo, hi, n_batch):
+                chunk = prompt[off : min(hi, off + n_batch)]
+                final = off + len(chunk) == len(prompt)
+                self.ctx.decode(chunk, off, "last" if final else "none")
+                self.tokens += chunk
+                self.drafter.on_target_decode(self.ctx, off, len(chunk))
+            if hi < len(prompt):
+                self.ctx.checkpoint()
         logits = self.ctx.logits(-1)
         self.drafter.on_prompt(prompt)
         return logits
@@ -130,6 +142,7 @@ class Engine:
         sizes = sorted({1, 2, 3, 4, 6, 8, 12, 16, self.policy.max_draft + 1})
         sizes = [s for s in sizes if s <= self.policy.max_draft + 1 and n_past + s < self.ctx.n_ctx]
         filler = self.tokens[-1:] or [self.target.bos]
+        self.ctx.checkpoint(transient=True)  # recurrent memory: dropping a whole decode needs a restore
         for size in sizes:
             best = float("inf")
             for _ in range(2):
@@ -137,9 +150,15 @@ class Engine:
                 self.ctx.decode(filler * size, n_past, "all")
                 self.ctx.logits(0)
                 best = min(best, time.perf_counter() - t)
-                self.ctx.seq_rm(n_past)
+                self._cut(n_past)
             self.policy.verify.add(size, best)
         self.calibrated = True
+
+    def _cut(self, p: int) -> None:
+        """Drop cache positions >= ``p``; decode again what a checkpoint restore took back."""
+        n = self.ctx.rewind(p)
+        for off in range(n, p, self.ctx.n_batch):
+            self.ctx.decode(self.tokens[off : min(p, off + self.ctx.n_batch)], off, "none")
 
     def reset(self) -> None:
         """Forget the cached conversation."""

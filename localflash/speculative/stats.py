@@ -33,6 +33,9 @@ class Stats:
     t_target: float = 0.0  # target verify/decode passes
     t_draft: float = 0.0  # drafter proposals and feature injection
     stop: str = ""  # one of STOP_REASONS
+    rollback: str = ""  # how the target cache went back: kv | snapshot (n_rs_seq) | replay (checkpoint + replay)
+    snapshot_rollbacks: int = 0  # cuts served by recurrent-state snapshots
+    checkpoint_restores: int = 0  # cuts served by restoring a recurrent-state checkpoint (then replay / re-prefill)
 
     def record_cycle(self, n_drafted: int, n_accepted: int, n_committed: int) -> None:
         self.cycles += 1
@@ -73,7 +76,8 @@ class Stats:
 
     def merge(self, other: "Stats") -> None:
         """Add another request's counts (cumulative session stats)."""
-        for name in ("prompt_tokens", "cached_tokens", "generated", "committed", "cycles", "drafted", "accepted"):
+        for name in ("prompt_tokens", "cached_tokens", "generated", "committed", "cycles", "drafted", "accepted",
+                     "snapshot_rollbacks", "checkpoint_restores"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("t_prefill", "t_decode", "t_target", "t_draft"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -83,6 +87,7 @@ class Stats:
                 _bump(mine, i, v)
         self.drafter = other.drafter
         self.stop = other.stop
+        self.rollback = other.rollback
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -105,6 +110,8 @@ class Stats:
         )
         if self.drafter != "none":
             line += f" | {self.drafter}: τ {self.tau:.2f}, accepted {self.accepted}/{self.drafted} ({100 * self.acceptance:.0f}%)"
+        if self.rollback in ("snapshot", "replay"):
+            line += f" | rollback {self.rollback}: {self.snapshot_rollbacks} snapshot, {self.checkpoint_restores} restore"
         return line
 
 
