@@ -115,9 +115,9 @@ class RecurrentCache:
         """
         if p1 != -1:
             raise ValueError("only tail cuts (p1 = -1) are supported")
-        if p0 >= self.end:
-            return
         p0 = max(p0, 0)
+        if p0 >= self.end and self.recurrent:  # attention caches are always asked: a drafter may fill them
+            return  # through its own batches (EAGLE-3), which ``end`` does not see
         if not self.rollback_ok(p0):
             raise RollbackError(
                 f"{self.model.path.name}: cutting the cache back to position {p0} would restore a stale recurrent state "
@@ -132,7 +132,7 @@ class RecurrentCache:
         if self.recurrent and p0 > 0:
             self._rolled = True
             self.counts["snapshot"] += 1
-        self.end, self._last_start = p0, min(self._last_start, p0)
+        self.end, self._last_start = min(self.end, p0), min(self._last_start, p0)
         self._drop_checkpoints_after(p0)
 
     def rewind(self, p0: int) -> int:
@@ -142,6 +142,9 @@ class RecurrentCache:
         recurrent-state checkpoint at or before ``p0`` is restored, or the cache is
         emptied. The caller decodes the positions between the result and ``p0`` again.
         """
+        if not self.recurrent:
+            self.seq_rm(p0)
+            return max(p0, 0)
         if p0 >= self.end:
             return self.end
         if self.rollback_ok(p0):
