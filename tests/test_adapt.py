@@ -88,7 +88,12 @@ def test_drafting_off_is_explained_with_the_measured_costs():
 
 def test_run_says_why_drafting_went_off(lf, tiny_target, tiny_dflash):
     # a random-weight DFlash drafter: nothing is accepted, and its forward costs more than the tiny target's
-    r = lf("run", "-m", tiny_target, "--drafter", tiny_dflash, "-n", "120", "-t", "1", "--raw", "one two three")
-    assert r.returncode == 0, r.stderr
-    why = [ln for ln in r.stderr.splitlines() if ln.startswith("drafting off:")]
+    # The policy reads wall-clock costs: on a loaded machine one preempted plain step can inflate the
+    # plain cost enough that drafting looks break-even at the end of a run. Any of three runs must say why.
+    for _ in range(3):
+        r = lf("run", "-m", tiny_target, "--drafter", tiny_dflash, "-n", "120", "-t", "1", "--raw", "one two three")
+        assert r.returncode == 0, r.stderr
+        why = [ln for ln in r.stderr.splitlines() if ln.startswith("drafting off:")]
+        if why:
+            break
     assert len(why) == 1 and "one target token and its" in why[0] and "× plain)" in why[0], r.stderr
