@@ -1,7 +1,9 @@
 # localflash: `make demo` runs the default pair, `make test` runs the suite.
 # Both create .venv and install everything on a fresh clone (llama-cpp-python
-# compiles from source, ~8 min on 2 cores; the wheel is cached per CPU/CUDA flags).
+# compiles from source, ~8 min on 2 cores; the wheel is cached per CPU/CUDA flags, in WHEEL_DIR:
+# pip's own wheel cache is keyed by the sdist alone and would hand a CPU build to CUDA=1, so it is off).
 #   make install CUDA=1 CUDA_ARCH=86   # RTX 3090 (89: 4090, 120: 5090, 90: H100/H200)
+# (a toolkit without cuBLAS gets it from NVIDIA's wheel: scripts/get_cublas.sh, scripts/cmake_flags.sh)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -22,7 +24,8 @@ $(STAMP): $(PY) pyproject.toml
 	@mkdir -p $(WHEEL_DIR)
 	@if ! ls $(WHEEL_DIR)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1; then \
 	  echo "building llama-cpp-python $(LLAMA_VERSION) with: $(CMAKE_FLAGS)"; \
-	  CMAKE_ARGS="$(CMAKE_FLAGS)" $(PIP) wheel --no-deps --no-binary llama-cpp-python \
+	  if [ "$(CUDA)" = 1 ]; then PYTHON=$(PY) bash scripts/get_cublas.sh || exit 1; fi; \
+	  CMAKE_ARGS="$(CMAKE_FLAGS)" $(PIP) wheel --no-cache-dir --no-deps --no-binary llama-cpp-python \
 	    -w $(WHEEL_DIR) llama-cpp-python==$(LLAMA_VERSION); \
 	fi
 	$(PIP) install --force-reinstall --no-deps $(WHEEL_DIR)/llama_cpp_python-$(LLAMA_VERSION)-*.whl

@@ -377,7 +377,7 @@ def run_bench(
 
     # one model for every mode: with its MTP block when a mode drafts with it (the trunk is the same)
     mtp = any(base_kind(m) == "mtp" for m in modes)
-    target = Model(cfg.target, ModelOptions(n_gpu_layers=cfg.n_gpu_layers, load_mtp=mtp))
+    target = Model(cfg.target, ModelOptions(n_gpu_layers=cfg.n_gpu_layers, load_mtp=mtp, use_extra_bufts=not cfg.exact))
     chat = not raw and bool(target.chat_template())
     tokenized = []
     for p in prompts:
@@ -494,6 +494,7 @@ def run_bench(
             "adaptive": cfg.adaptive,
             "draft_max": cfg.draft_max,
             "threads": cfg.threads,
+            "exact": cfg.exact,
             "n_gpu_layers": cfg.n_gpu_layers,
         },
         "modes": modes,

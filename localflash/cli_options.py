@@ -82,6 +82,7 @@ LOAD_FLAGS = {
     "threads": Flag(int, 0, ("--threads", "-t"), "CPU threads (0: automatic)."),
     "n_gpu_layers": Flag(int, -1, ("--n-gpu-layers", "-ngl"), "Target layers on the GPU (-1: all)."),
     "kv": Flag(Optional[str], None, ("--kv",), "KV cache type: f16, q8_0, q4_0."),
+    "exact": Flag(bool, False, ("--exact",), "Byte-exact greedy on CPU: speculative output == plain output at any thread count (slower verify)."),
 }
 
 SAMPLING_FLAGS = {
@@ -108,6 +109,7 @@ class LoadFlags:
     threads: int = 0
     n_gpu_layers: int = -1
     kv: str | None = None
+    exact: bool = False
 
     def config(self):
         """The RunConfig these flags ask for (a pair merged with the flags given)."""
@@ -115,7 +117,7 @@ class LoadFlags:
 
         return config_from(
             self.pair, self.model, self.drafter, spec=self.spec, draft_max=self.draft_max, ctx=self.ctx,
-            threads=self.threads, n_gpu_layers=self.n_gpu_layers, kv=self.kv, adaptive=not self.fixed, p_min=self.p_min,
+            threads=self.threads, n_gpu_layers=self.n_gpu_layers, kv=self.kv, adaptive=not self.fixed, p_min=self.p_min, exact=self.exact,
         )
 
 

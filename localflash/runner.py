@@ -14,6 +14,7 @@ from .registry import LOOKUP, Pair, base_kind, get_pair
 MTP_DRAFT_MAX = 3  # llama.cpp's default MTP draft length (common_params_speculative_draft.n_max)
 
 SPECS = ("auto", "none", "dflash", "draft", "ngram", "dflash+ngram", "draft+ngram", "eagle3", "eagle3+ngram", "mtp", "mtp+ngram")
+EXACT_MAX_ROWS = 63  # in exact mode: a verify batch of 64+ rows takes ggml's tiled flash attention, which rounds differently
 SYNTHETIC = "synthetic"  # a bench mode only (`bench --modes synthetic`), never a --spec: see speculative/synthetic.py
 MODEL_DRAFTERS = ("dflash", "draft", "eagle3")  # kinds that load a drafter file
 
@@ -34,6 +35,7 @@ class RunConfig:
     pair: str | None = None
     vram: str | None = None  # budget override, e.g. "24GiB" (default: detected)
     gpus: str | None = None  # "0,1" or "24GiB,24GiB"
+    exact: bool = False  # byte-exact greedy on CPU: see exact_options()
 
 
 def config_from(pair: str | None, target: str | None, drafter: str | None, **flags) -> RunConfig:
@@ -68,9 +70,34 @@ def config_from(pair: str | None, target: str | None, drafter: str | None, **fla
         raise LocalflashError(f"--draft-max must be in 0..64, got {cfg.draft_max}")
     if not 0.0 <= cfg.p_min < 1.0:
         raise LocalflashError(f"--p-min must be in [0, 1), got {cfg.p_min:g}")
+    if cfg.exact and cfg.draft_max is not None and cfg.draft_max + 1 > EXACT_MAX_ROWS:
+        raise LocalflashError(f"--exact verifies at most {EXACT_MAX_ROWS} rows at once, so --draft-max must be at most "
+                              f"{EXACT_MAX_ROWS - 1}, got {cfg.draft_max}")
     if cfg.ctx < 16:
         raise LocalflashError(f"-c/--ctx must be at least 16, got {cfg.ctx}")
     return cfg
+
+
+def exact_options(exact: bool, arch: str | None = None) -> tuple[dict, dict]:
+    """(ModelOptions, ContextOptions) keywords of the target for exact mode, or none.
+
+    Exact mode makes a row's logits on the CPU independent of how many rows its batch has,
+    so speculative greedy output equals plain greedy output byte for byte, at any thread
+    count: no CPU weight repacking; ggml's tiled K-quant matmul off (process-wide, see
+    ``use_exact_numerics``); flash attention on (without it K·Q goes through a matmul whose
+    kernel depends on the batch); and no one-row decodes (padded to two rows, which keeps them
+    on the batch kernels: llamafile's sgemm and the unsplit attention). Recurrent/hybrid
+    targets cannot drop a padding row, so they decode one row on one thread instead (the
+    split attention is then one chunk); their recurrent kernels are not claimed exact.
+    scripts/check_batch_invariance.py measures each setting; docs/benchmarks.md has the figures.
+    """
+    if not exact:
+        return {}, {}
+    from .llama import use_exact_numerics
+
+    use_exact_numerics()
+    rows = {"n_threads_single": 1} if arch in RECURRENT_ARCHS else {"min_rows": 2}
+    return {"use_extra_bufts": False}, {"flash_attn": 1, **rows}
 
 
 def drafter_kind(cfg: RunConfig, drafter_arch: str | None, target_has_mtp: bool = False) -> str:
@@ -124,6 +151,9 @@ def open_engine(cfg: RunConfig, target=None):
     check_snapshot_depth(_arch_of(cfg.target) or "", max_draft, 512)
     plan = plan_for(cfg, drafter_path if kind in MODEL_DRAFTERS else None, max_draft, mtp=kind == "mtp")
     kw = runtime_kwargs(plan)
+    exact_model, exact_ctx = exact_options(cfg.exact, target.arch if target is not None else _arch_of(cfg.target))
+    if target is not None and cfg.exact and target.options.use_extra_bufts:
+        raise LocalflashError("exact mode needs the target loaded without CPU weight repacking (ModelOptions(use_extra_bufts=False))")
     if target is None:
         n_gpu_layers = kw["n_gpu_layers"] if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
         target = Model(
@@ -135,6 +165,7 @@ def open_engine(cfg: RunConfig, target=None):
                 tensor_split=kw["tensor_split"],
                 tensor_overrides=kw["tensor_buft_overrides"] or None,
                 load_mtp=kind == "mtp",
+                **exact_model,
             ),
         )
     drafter_model = None
@@ -153,6 +184,7 @@ def open_engine(cfg: RunConfig, target=None):
             type_k=plan.type_k,
             type_v=plan.type_v,
             n_rs_seq=n_rs,
+            **exact_ctx,
         ),
     )
     drafter_ctx = min(plan.drafter_n_ctx or plan.n_ctx, plan.n_ctx)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localflash.llama import Context, ContextOptions, Model
+from localflash.llama import Context, ContextOptions, Model, ModelOptions
+from localflash.runner import exact_options
 from localflash.registry import get_pair
 from localflash.speculative.dflash import DFlashDrafter
 from localflash.speculative.loop import Engine
@@ -18,10 +19,12 @@ PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
     "Explain photosynthesis in two sentences.",
 ]
+# the equality is claimed in exact mode (--exact; tests/test_exact.py)
+EXACT_MODEL, EXACT_CTX = exact_options(True, "llama")
 
 
 def _run(target: Model, tokens: list[int], n: int, drafter_path: Path | None) -> tuple[list[int], Stats]:
-    ctx = Context(target, ContextOptions(n_ctx=1024, n_batch=256, n_ubatch=256, n_outputs_max=16, n_threads=1))
+    ctx = Context(target, ContextOptions(n_ctx=1024, n_batch=256, n_ubatch=256, n_outputs_max=16, n_threads=1, **EXACT_CTX))
     drafter = DFlashDrafter(Model(drafter_path), target, ctx, 1024 + 16, n_threads=1) if drafter_path else None
     engine = Engine(target, ctx, drafter, adaptive=False)
     st = Stats()
@@ -34,7 +37,7 @@ def test_shipped_drafter_is_the_demo_pairs_and_lossless(smollm2):
     pair = get_pair("demo")
     assert pair.kind == "dflash" and pair.drafter is not None and pair.drafter.is_file()
     assert pair.drafter.stat().st_size <= 20 * 1024 * 1024
-    target = Model(smollm2)
+    target = Model(smollm2, ModelOptions(**EXACT_MODEL))
     merged = Stats()
     for text in PROMPTS:
         tokens = chat_tokens(target, text)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from localflash.errors import LocalflashError
-from localflash.llama import Context, ContextOptions, Model
+from localflash.llama import Context, ContextOptions, Model, ModelOptions
+from localflash.runner import exact_options
 from localflash.speculative import loop
 from localflash.speculative.dflash import DFlashDrafter
 from localflash.speculative.draft_model import DraftModelDrafter
@@ -17,6 +18,8 @@ from localflash.speculative.stats import Stats
 from localflash.tiny_models import DFlashSpec, TinySpec, write_dflash, write_target
 
 N_CTX = 1024
+# equality is claimed in exact mode (--exact): a row's logits do not depend on its batch (tests/test_exact.py)
+EXACT_MODEL, EXACT_CTX = exact_options(True, "llama")
 WORDS = "the river a garden of quiet stone light and paper over nine silver hills where we".split()
 
 
@@ -35,7 +38,7 @@ def prompts(n: int, seed: int = 0) -> list[str]:
 
 
 def generate(model: Model, tokens, n, make_drafter=None, sampling=None, draft_max=None, adaptive=False, n_batch=64):
-    ctx = Context(model, ContextOptions(n_ctx=N_CTX, n_batch=n_batch, n_ubatch=n_batch, n_outputs_max=17, n_threads=1))
+    ctx = Context(model, ContextOptions(n_ctx=N_CTX, n_batch=n_batch, n_ubatch=n_batch, n_outputs_max=17, n_threads=1, **EXACT_CTX))
     drafter = make_drafter(ctx) if make_drafter else None
     engine = Engine(model, ctx, drafter, adaptive=adaptive, draft_max=draft_max)
     stats = Stats()
@@ -46,7 +49,7 @@ def generate(model: Model, tokens, n, make_drafter=None, sampling=None, draft_ma
 
 @pytest.fixture(scope="module")
 def target(tiny_target):
-    return Model(tiny_target)
+    return Model(tiny_target, ModelOptions(**EXACT_MODEL))
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +128,7 @@ def test_dflash_with_lookup_first_is_lossless_and_keeps_the_drafter_in_step(targ
     both = 0
     for text in prompts(12):  # random weights rarely repeat: a few of these mix both sources
         toks = target.tokenize(text)
-        ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_outputs_max=17, n_threads=1))
+        ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_outputs_max=17, n_threads=1, **EXACT_CTX))
         hybrid = LookupFirstDrafter(DFlashDrafter(Model(tiny_dflash), target, ctx, N_CTX + 16, n_threads=1))
         engine = Engine(target, ctx, hybrid, adaptive=False)
         out = [t for c in engine.generate(toks, 128) for t in c]
@@ -195,7 +198,7 @@ def test_sampled_output_equals_plain_sampling_with_same_seed(target, tiny_drafte
 def test_dflash_injects_exactly_the_committed_positions(target, tiny_dflash):
     """After many cycles the drafter's cache equals one built from the committed text in one go."""
     toks = target.tokenize("the river of quiet stone and nine silver hills")
-    ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_outputs_max=17, n_threads=1))
+    ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_outputs_max=17, n_threads=1, **EXACT_CTX))
     drafter = DFlashDrafter(Model(tiny_dflash), target, ctx, N_CTX + 16, n_threads=1, in_graph_argmax=False)
     engine = Engine(target, ctx, drafter, adaptive=False)
     out = [t for c in engine.generate(toks, 80) for t in c]
@@ -208,7 +211,7 @@ def test_dflash_injects_exactly_the_committed_positions(target, tiny_dflash):
 
     def rebuilt(tokens):
         """A drafter fed the features of ``tokens`` in one prefill, then asked for the same block."""
-        fresh_ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_outputs_max=17, n_threads=1))
+        fresh_ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_outputs_max=17, n_threads=1, **EXACT_CTX))
         fresh = DFlashDrafter(Model(tiny_dflash), target, fresh_ctx, N_CTX + 16, n_threads=1, in_graph_argmax=False)
         fresh_ctx.decode(tokens, 0, "last")
         fresh.on_target_decode(fresh_ctx, 0, len(tokens))
@@ -228,7 +231,7 @@ def test_bad_pairs_are_refused(target, tiny_dir, tiny_target, tiny_dflash):
     renamed = write_target(tiny_dir / "renamed.gguf", TinySpec(n_layer=2, rename_tokens=True))
     with pytest.raises(LocalflashError, match="different tokenizers"):
         DraftModelDrafter(Model(renamed), target, 256)
-    ctx = Context(target, ContextOptions(n_ctx=256, n_threads=1))
+    ctx = Context(target, ContextOptions(n_ctx=256, n_threads=1, **EXACT_CTX))
     deep = write_dflash(tiny_dir / "deep.gguf", DFlashSpec(target_layers=[1, 9]))
     with pytest.raises(LocalflashError, match="has 4 layers"):
         DFlashDrafter(Model(deep), target, ctx, 256)
@@ -274,7 +277,7 @@ def test_draft_model_windowed_catch_up_is_lossless(target, plain_outputs, tiny_d
     cases, expected = plain_outputs
     windows = 0
     for toks, want in list(zip(cases, expected))[:8]:
-        ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_batch=64, n_ubatch=64, n_outputs_max=17, n_threads=1))
+        ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_batch=64, n_ubatch=64, n_outputs_max=17, n_threads=1, **EXACT_CTX))
         drafter = DraftModelDrafter(Model(tiny_drafters["same"]), target, N_CTX, 4, n_threads=1)
         engine = Engine(target, ctx, drafter, adaptive=False, draft_max=4)
         cycle = iter(range(10**6))

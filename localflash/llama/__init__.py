@@ -1,7 +1,18 @@
 """The only package that imports llama_cpp. Everything else uses these wrappers."""
 
 from .bindings import recent_log, set_verbose, verbose
-from .runtime import KV_TYPES, Batch, Context, ContextOptions, Model, ModelOptions, check_gguf, default_threads, gpu_offload_supported
+from .runtime import (
+    KV_TYPES,
+    Batch,
+    Context,
+    ContextOptions,
+    Model,
+    ModelOptions,
+    check_gguf,
+    default_threads,
+    gpu_offload_supported,
+    use_exact_numerics,
+)
 
 __all__ = [
     "KV_TYPES",
@@ -16,4 +27,5 @@ __all__ = [
     "recent_log",
     "set_verbose",
     "verbose",
+    "use_exact_numerics",
 ]

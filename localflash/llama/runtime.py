@@ -47,6 +47,29 @@ def default_threads() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
 
+# GGML_CPU_TILED_MM as ggml read it: ggml-cpu reads the switch once per process, at the first
+# matmul; None until this process makes its first Context.
+_tiled_mm_at_first_context: str | None = None
+
+
+def use_exact_numerics() -> None:
+    """Make a row's logits independent of its batch's size, for this whole process.
+
+    ggml's CPU backend multiplies K-quant weights by 8+ rows with a tiled kernel and by fewer
+    rows with vec_dot; the two round differently, so a verify batch and a one-token decode of
+    the same position disagree in the last bits. This turns the tiled kernel off
+    (``GGML_CPU_TILED_MM=0``), which ggml reads once per process: it must run before the
+    process creates its first context. The other exact-mode settings are per model/context
+    (``ModelOptions.use_extra_bufts``, ``ContextOptions.flash_attn`` / ``n_threads_single``).
+    """
+    if _tiled_mm_at_first_context not in (None, "0"):
+        raise LocalflashError(
+            "exact mode must be chosen before this process creates its first model context",
+            hint="use a new process, or start it with GGML_CPU_TILED_MM=0 in the environment",
+        )
+    os.environ["GGML_CPU_TILED_MM"] = "0"
+
+
 @dataclass
 class ModelOptions:
     n_gpu_layers: int = -1
@@ -57,6 +80,9 @@ class ModelOptions:
     vocab_only: bool = False
     tensor_overrides: list[tuple[str, str]] | None = None  # (regex, "CPU"): keep matching tensors in host RAM
     load_mtp: bool = False  # also load the MTP ("nextn") blocks, for an MTP drafting context on the same model
+    # CPU weight repacking (llama.cpp's "extra buffer types", e.g. Q4_K -> Q4_K_8x8): faster, but a
+    # row's logits then depend on how many rows the batch has; exact mode turns it off
+    use_extra_bufts: bool = True
 
 
 class Model:
@@ -66,12 +92,14 @@ class Model:
         L = lib()
         self.path = check_gguf(path)
         o = options or ModelOptions()
+        self.options = o
         params = L.llama_model_default_params()
         params.n_gpu_layers = o.n_gpu_layers
         params.split_mode = o.split_mode
         params.main_gpu = o.main_gpu
         params.vocab_only = o.vocab_only
         params.load_mtp = o.load_mtp
+        params.use_extra_bufts = o.use_extra_bufts
         params.load_mode = L.LLAMA_LOAD_MODE_MMAP if o.use_mmap else L.LLAMA_LOAD_MODE_NONE
         self._tensor_split = None
         if o.tensor_split:
@@ -177,6 +205,15 @@ class ContextOptions:
     n_ubatch: int = 512
     n_outputs_max: int = 0  # 0 = n_batch
     n_threads: int = 0  # 0 = default_threads()
+    # threads for one-token decodes (llama.cpp's n_threads; batches use n_threads_batch = n_threads).
+    # 0 = n_threads. Exact mode uses 1: ggml splits one row's attention over the KV cache across
+    # threads (512+ cells), which rounds differently from the same row inside a batch.
+    n_threads_single: int = 0
+    # decode batches of fewer rows padded to this many (exact mode: 2). A one-row decode takes other
+    # kernels than a batch (vec_dot instead of llamafile's sgemm for F32/F16/Q8_0/Q4_0 weights, a
+    # KV-split attention with 512+ cells): decoding [t, t] at (p, p+1) and dropping p+1 again gives
+    # row p exactly the numerics it has inside a verify batch. Not for recurrent/hybrid memory.
+    min_rows: int = 1
     type_k: str = "f16"
     type_v: str = "f16"
     flash_attn: int = -1  # AUTO
@@ -208,21 +245,24 @@ class Context(RecurrentCache):
     """An inference context (KV cache, compute buffers) on one model, sequence 0."""
 
     def __init__(self, model: Model, options: ContextOptions | None = None, other: "Context | None" = None):
+        global _tiled_mm_at_first_context
         L = lib()
         self.model = model
         o = options or ContextOptions()
+        if _tiled_mm_at_first_context is None:
+            _tiled_mm_at_first_context = os.environ.get("GGML_CPU_TILED_MM", "1")
         p = L.llama_context_default_params()
         p.n_ctx = o.n_ctx
         p.n_batch = min(o.n_batch, o.n_ctx)
         p.n_ubatch = min(o.n_ubatch, p.n_batch)
         p.n_seq_max = 1
-        p.n_outputs_max = o.n_outputs_max
+        p.n_outputs_max = max(o.n_outputs_max, o.min_rows) if o.n_outputs_max else 0
         p.n_outputs_max_per_seq = 0  # = n_outputs_max: in-graph samplers may then take every output row
         p.n_rs_seq = o.n_rs_seq
         if o.mtp:
             p.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
         threads = o.n_threads or default_threads()
-        p.n_threads = threads
+        p.n_threads = min(o.n_threads_single, threads) if o.n_threads_single else threads
         p.n_threads_batch = threads
         p.flash_attn_type = o.flash_attn
         for name, attr in (("type_k", o.type_k), ("type_v", o.type_v)):
@@ -235,13 +275,15 @@ class Context(RecurrentCache):
         if not self.ptr:
             raise LocalflashError(f"llama.cpp could not create a context for {model.path.name}: {_last_error()}")
         self._free = weakref.finalize(self, L.llama_free, self.ptr)
-        self.n_ctx = L.llama_n_ctx(self.ptr)
+        self.min_rows = max(1, o.min_rows)
+        self.n_ctx = L.llama_n_ctx(self.ptr) - (self.min_rows - 1)  # room for the padding row(s)
         self.n_batch = p.n_batch
         self.n_outputs_max = o.n_outputs_max or p.n_batch
         self.mem = L.llama_get_memory(self.ptr)
         self._batch = Batch(self.n_batch)
         self._embd_batch: Batch | None = None
         self._n_out = 0
+        self._last_row = -1
         self.n_last = 0  # tokens in the last token decode (rows of layer inputs)
         self._init_rollback(getattr(o, "mtp", False), p.n_ubatch)
 
@@ -268,9 +310,18 @@ class Context(RecurrentCache):
             if outputs == "last":
                 b.logits[n - 1] = 1
             n_out = int(outputs == "last")
-        b.raw.n_tokens = n
-        self._run(b.raw, n)
-        self._decoded(start_pos, n)
+        pad = self.min_rows - n if n < self.min_rows else 0
+        if pad:  # copies of the last token, cut off again below; with outputs if the real rows have any,
+            # so that the output projection, too, multiplies a batch (not one row)
+            b.token[n : n + pad] = b.token[n - 1]
+            b.pos[n : n + pad] = np.arange(start_pos + n, start_pos + n + pad, dtype=np.int32)
+            b.logits[n : n + pad] = int(outputs != "none")
+        b.raw.n_tokens = n + pad
+        self._run(b.raw, n + pad)
+        self._decoded(start_pos, n + pad)
+        if pad:
+            self.seq_rm(start_pos + n)
+        self._last_row = n - 1 if pad else -1  # logits(-1): the last real row, not a padding row
         self._n_out = n_out
         self.n_last = n
         return n_out
@@ -308,7 +359,7 @@ class Context(RecurrentCache):
 
     def logits(self, row: int = -1) -> np.ndarray:
         """Logits of output row ``row`` of the last decode, a view of ``n_vocab`` floats."""
-        ptr = lib().llama_get_logits_ith(self.ptr, row)
+        ptr = lib().llama_get_logits_ith(self.ptr, self._last_row if row == -1 else row)
         if not ptr:
             raise LocalflashError("no logits for that row")
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
