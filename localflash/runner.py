@@ -78,7 +78,30 @@ def config_from(pair: str | None, target: str | None, drafter: str | None, **fla
     return cfg
 
 
-def exact_options(exact: bool, arch: str | None = None) -> tuple[dict, dict]:
+# weight types ggml's CPU backend multiplies by 2+ rows with llamafile's sgemm and by one row with vec_dot
+SGEMM_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL"}
+
+
+def exact_row_padding(target: Path, threads: int) -> bool:
+    """Whether exact mode must pad one-row decodes to two rows for this target and thread count.
+
+    Needed with more than one thread (a single row's attention is split over the threads past
+    512 cached tokens) or when a matmul weight is of a type llamafile's sgemm takes (one row goes
+    to vec_dot instead). A K-quant file at one thread needs neither, and padding doubles the
+    CPU work of a one-row decode there (scripts/exact_cost.py).
+    """
+    from .gguf_meta import read_meta
+    from .llama import check_gguf, default_threads
+
+    if (threads or default_threads()) != 1:
+        return True
+    meta = read_meta(check_gguf(target))
+    tied = not any(t.name == "output.weight" for t in meta.tensors)
+    return any(t.type in SGEMM_TYPES for t in meta.tensors
+               if len(t.shape) >= 2 and (not t.name.startswith("token_embd.") or tied))
+
+
+def exact_options(exact: bool, arch: str | None = None, pad: bool = True) -> tuple[dict, dict]:
     """(ModelOptions, ContextOptions) keywords of the target for exact mode, or none.
 
     Exact mode makes a row's logits on the CPU independent of how many rows its batch has,
@@ -86,7 +109,8 @@ def exact_options(exact: bool, arch: str | None = None) -> tuple[dict, dict]:
     count: no CPU weight repacking; ggml's tiled K-quant matmul off (process-wide, see
     ``use_exact_numerics``); flash attention on (without it K·Q goes through a matmul whose
     kernel depends on the batch); and no one-row decodes (padded to two rows, which keeps them
-    on the batch kernels: llamafile's sgemm and the unsplit attention). Recurrent/hybrid
+    on the batch kernels: llamafile's sgemm and the unsplit attention; ``pad``, see
+    ``exact_row_padding``: not needed for a K-quant file at one thread). Recurrent/hybrid
     targets cannot drop a padding row, so they decode one row on one thread instead (the
     split attention is then one chunk); their recurrent kernels are not claimed exact.
     scripts/check_batch_invariance.py measures each setting; docs/benchmarks.md has the figures.
@@ -96,7 +120,7 @@ def exact_options(exact: bool, arch: str | None = None) -> tuple[dict, dict]:
     from .llama import use_exact_numerics
 
     use_exact_numerics()
-    rows = {"n_threads_single": 1} if arch in RECURRENT_ARCHS else {"min_rows": 2}
+    rows = {"n_threads_single": 1} if arch in RECURRENT_ARCHS else {"min_rows": 2} if pad else {}
     return {"use_extra_bufts": False}, {"flash_attn": 1, **rows}
 
 
@@ -151,7 +175,8 @@ def open_engine(cfg: RunConfig, target=None):
     check_snapshot_depth(_arch_of(cfg.target) or "", max_draft, 512)
     plan = plan_for(cfg, drafter_path if kind in MODEL_DRAFTERS else None, max_draft, mtp=kind == "mtp")
     kw = runtime_kwargs(plan)
-    exact_model, exact_ctx = exact_options(cfg.exact, target.arch if target is not None else _arch_of(cfg.target))
+    exact_model, exact_ctx = exact_options(cfg.exact, target.arch if target is not None else _arch_of(cfg.target),
+                                           pad=cfg.exact and exact_row_padding(cfg.target, cfg.threads))
     if target is not None and cfg.exact and target.options.use_extra_bufts:
         raise LocalflashError("exact mode needs the target loaded without CPU weight repacking (ModelOptions(use_extra_bufts=False))")
     if target is None:

@@ -15,9 +15,9 @@ flip the argmax). Every combination of thread count, CPU weight repacking
     .venv/bin/python scripts/check_batch_invariance.py --pair qwen-coder --repack on,off --fa on,off \\
         --ctx-tokens 64,600,1100 --batch 5,17 --steps 12
 
-The exact mode (``--exact``) is the row with ``repack off, fa on, tiled off`` (and
-one thread for one-row decodes, which is what the ``threads 1`` rows measure for
-the split-KV attention of a single row); docs/benchmarks.md has the table.
+``--exact`` adds a row per thread count with exactly what ``localflash --exact`` sets
+(runner.exact_options: repacking off, tiled matmul off, flash attention on, one-row
+decodes padded to two rows); docs/benchmarks.md has the table.
 """
 
 from __future__ import annotations
@@ -46,17 +46,20 @@ def prompt_tokens(m, n: int) -> list[int]:
     return toks[:n] if len(toks) >= n else (toks * (n // max(len(toks), 1) + 1))[:n]
 
 
-def measure(model_path: str, threads: int, repack: bool, fa: bool, lengths: list[int], batches: list[int], steps: int) -> list[dict]:
+def measure(model_path: str, threads: int, repack: bool, fa: bool, lengths: list[int], batches: list[int], steps: int,
+            exact: bool = False) -> list[dict]:
     import numpy as np
 
     from localflash.llama import Context, ContextOptions, Model, ModelOptions
+    from localflash.runner import exact_options
 
-    m = Model(model_path, ModelOptions(use_extra_bufts=repack))
+    model_kw, ctx_kw = exact_options(exact, "llama") if exact else ({"use_extra_bufts": repack}, {"flash_attn": 1 if fa else 0})
+    m = Model(model_path, ModelOptions(**model_kw))
     out_rows = []
     for n_prompt in lengths:
         toks = prompt_tokens(m, n_prompt)
         ctx = Context(m, ContextOptions(n_ctx=n_prompt + steps + max(batches) + 64, n_threads=threads,
-                                        n_outputs_max=max(batches), flash_attn=1 if fa else 0))
+                                        n_outputs_max=max(batches), **ctx_kw))
         for off in range(0, len(toks), 512):
             ch = toks[off : off + 512]
             ctx.decode(ch, off, "last" if off + len(ch) == len(toks) else "none")
@@ -81,7 +84,7 @@ def measure(model_path: str, threads: int, repack: bool, fa: bool, lengths: list
                     flips += int(np.argmax(rows[j]) != np.argmax(ref))
                     top = np.sort(ref)[-2:]
                     margin = min(margin, float(top[1] - top[0]))
-            out_rows.append({"threads": threads, "repack": repack, "fa": fa, "prompt_tokens": n, "batch": batch,
+            out_rows.append({"threads": threads, "repack": repack, "fa": fa, "exact": exact, "prompt_tokens": n, "batch": batch,
                              "positions": steps * batch, "rows_differ": rows_differ, "max_abs_dlogit": worst,
                              "argmax_flips": flips, "min_top2_margin": margin})
         ctx.close()
@@ -106,6 +109,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx-tokens", default="", help="prompt lengths in tokens (default: one Spec-Bench summarization prompt)")
     ap.add_argument("--batch", default="5", help="rows per verify batch, comma-separated")
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--exact", action="store_true", help="also measure exact mode (runner.exact_options: the --exact settings) per thread count")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -114,7 +118,7 @@ def main(argv=None) -> int:
     path = str(config_from(a.pair, None, None).target)
     batches = [int(x) for x in a.batch.split(",")]
     if a.one is not None:
-        t, r, f = a.one.split(":")
+        t, r, f, x = a.one.split(":")
         lengths = [int(x) for x in a.ctx_tokens.split(",")] if a.ctx_tokens else [0]
         if lengths == [0]:
             import benchlib as bl
@@ -123,15 +127,18 @@ def main(argv=None) -> int:
             m = Model(path, ModelOptions(vocab_only=True))
             lengths = [len(bl.render(m, next(x for x in bl.spec_bench(1) if x.category == "summarization").text)[1])]
             m.close()
-        print(json.dumps(measure(path, int(t), r == "1", f == "1", lengths, batches, a.steps)))
+        print(json.dumps(measure(path, int(t), r == "1", f == "1", lengths, batches, a.steps, x == "1")))
         return 0
     rows = []
     for t in (int(x) for x in a.threads.split(",")):
         for repack in onoff(a.repack):
-            for fa, tiled in ((f, m) for f in onoff(a.fa) for m in a.tiled.split(",")):
+            combos = [(f, m, 0) for f in onoff(a.fa) for m in a.tiled.split(",")]
+            if a.exact and repack == onoff(a.repack)[-1]:
+                combos.append((True, "off", 1))
+            for fa, tiled, exact in combos:
                 env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **TILED_ENV[tiled])
                 cmd = [sys.executable, __file__, "--pair", a.pair, "--batch", a.batch, "--steps", str(a.steps),
-                       "--ctx-tokens", a.ctx_tokens, "--one", f"{t}:{int(repack)}:{int(fa)}"]
+                       "--ctx-tokens", a.ctx_tokens, "--one", f"{t}:{int(repack)}:{int(fa)}:{exact}"]
                 res = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 if res.returncode:
                     sys.stderr.write(res.stderr[-3000:])
@@ -139,8 +146,9 @@ def main(argv=None) -> int:
                 for r in json.loads(res.stdout.strip().splitlines()[-1]):
                     r["tiled"] = tiled
                     rows.append(r)
-                    print(f"{Path(path).name}: threads {r['threads']}, repack {'on' if r['repack'] else 'off'}, "
-                          f"fa {'on' if r['fa'] else 'off'}, tiled {tiled}, {r['prompt_tokens']}-token prompt, {r['positions']} positions "
+                    what = ("EXACT MODE (--exact)" if r["exact"] else
+                            f"repack {'on' if r['repack'] else 'off'}, fa {'on' if r['fa'] else 'off'}, tiled {tiled}")
+                    print(f"{Path(path).name}: threads {r['threads']}, {what}, {r['prompt_tokens']}-token prompt, {r['positions']} positions "
                           f"in batches of {r['batch']}: rows differing {r['rows_differ']}, max |Δlogit| {r['max_abs_dlogit']:.4g}, "
                           f"argmax flips {r['argmax_flips']}, smallest top-2 margin {r['min_top2_margin']:.4g}", flush=True)
     if a.json:

@@ -2,8 +2,10 @@
 # GPU device check for a machine with one NVIDIA GPU and no network (see scripts/device_check.py
 # for what it measures). Builds llama-cpp-python 0.3.36 with CUDA for the GPU it finds, installs
 # it into a private folder, generates random-weight GGUFs with real shapes (8B- and 27B-class
-# Q4_K_M targets + DFlash drafters) and writes $OUT/device_check.json. Whole run: 9 minutes
-# (BUDGET_S=540) from start to JSON; stages that do not fit are skipped and listed in the JSON.
+# Q4_K_M targets + DFlash drafters) and writes $OUT/device_check.json, then the host cost per cycle at
+# Qwen3.6 shapes (scripts/bench_host.py, block 16, greedy/top-k 40/top-p 0.95: $OUT/bench_host.json) in
+# the last HOST_S (100) seconds. Whole run: 9 minutes (BUDGET_S=540) from start to JSON; stages that do
+# not fit are skipped and listed in the JSON.
 #
 #   scripts/device_check.sh --pack           # HERE (with network): gather what the GPU machine needs
 #                                            # into out/device-carry/ (slim sdist ~6 MB + 2 wheels)
@@ -17,8 +19,9 @@
 # the cache dir's sdist (~/.cache/localflash/sdist), or `pip download` when an index is reachable.
 # A wheel already built for the same flags (in $WHEEL_DIR) is reused.
 #
-# Env: OUT (default out/device), BUDGET_S (540), CUDA_ARCH (default: from nvidia-smi), JOBS (nproc),
-#      TARGETS ("8b,27b"), PYTHON (python3).
+# Env: OUT (default out/device), BUDGET_S (540), HOST_S (100), CUDA_ARCH (default: from nvidia-smi), JOBS (nproc),
+#      TARGETS ("8b,27b"), PYTHON (python3). scripts/cmake_flags.sh finds cuBLAS in the toolkit or in an
+#      installed nvidia-cublas wheel (the GPU image's python has one) and the driver under /usr/local/nvidia.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -60,7 +63,10 @@ fi
 if [[ ${1:-} == --cpu-dry-run ]]; then
   PY=${PYTHON:-$ROOT/.venv/bin/python}
   "$PY" scripts/device_check.py --cpu-dry-run --out "$OUT/device_check_dry.json" --deadline "$DEADLINE" --targets "${TARGETS:-8b,27b}"
-  exit $?
+  rc=$?
+  # bench_host.py runs at real shapes only (a 248,320 x 5,120 vocabulary is no dry run): check its command line here
+  "$PY" scripts/bench_host.py --help >/dev/null || rc=1
+  exit $rc
 fi
 
 # 1. the GPU
@@ -106,5 +112,18 @@ fi
 left=$((DEADLINE - $(date +%s)))
 say "$left s left for the measurements"
 (( left > 60 )) || { say "no time left after the build: rerun (the wheel is cached in $WHEEL_DIR)"; exit 1; }
+# the host-cost benchmark (scripts/bench_host.py, Qwen3.6 vocabulary and width, block 16) gets the last HOST_S seconds
+HOST_S=${HOST_S:-100}
+rc=0
 PYTHONUNBUFFERED=1 "$PY" scripts/device_check.py --out "$OUT/device_check.json" --models-dir "${MODELS_DIR:-/tmp/lf-device-models}" \
-  --deadline "$DEADLINE" --targets "${TARGETS:-8b,27b}"
+  --deadline "$((DEADLINE - HOST_S))" --targets "${TARGETS:-8b,27b}" || rc=$?
+left=$((DEADLINE - $(date +%s) - 5))
+if (( left > 30 )); then
+  say "bench_host.py with $left s left"
+  PYTHONUNBUFFERED=1 timeout "$left" "$PY" scripts/bench_host.py --blocks 16 --sampling greedy,topk40,topp95 --tokens 64 --repeat 1 \
+    --work "${MODELS_DIR:-/tmp/lf-device-models}/bench_host" --json "$OUT/bench_host.json" >"$OUT/bench_host.txt" 2>&1 ||
+    say "bench_host.py stopped (exit $?; output so far in $OUT/bench_host.txt)"
+else
+  say "no time left for bench_host.py"
+fi
+exit $rc

@@ -25,9 +25,9 @@ PROBE = r"""
 import json, sys
 import numpy as np
 from localflash.llama import Context, ContextOptions, Model, ModelOptions
-from localflash.runner import exact_options
+from localflash.runner import exact_options, exact_row_padding
 path, exact, threads, n_prompt, batch = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-model_kw, ctx_kw = exact_options(exact, "llama")
+model_kw, ctx_kw = exact_options(exact, "llama", pad=exact_row_padding(path, threads))
 m = Model(path, ModelOptions(**model_kw))
 ctx = Context(m, ContextOptions(n_ctx=n_prompt + batch + 16, n_threads=threads, n_outputs_max=batch, **ctx_kw))
 toks = [100 + (7 * i) % 900 for i in range(n_prompt + batch)]
@@ -82,7 +82,7 @@ def test_cli_exact_run_speculative_equals_plain_at_two_threads(lf, tiny_target, 
     prompt = " ".join(["the river a garden of quiet stone light"] * 70)  # ~600 tokens, repeats for n-gram
     outs = {}
     for spec, extra in (("none", []), ("draft", ["--drafter", tiny_drafters["near"]]), ("ngram", [])):
-        r = lf("run", "--model", tiny_target, *extra, "--spec", spec, "--exact", "-t", "2", "-n", "48", "--raw", prompt)
+        r = lf("run", "--model", tiny_target, *extra, "--spec", spec, "--exact", "-t", "2", "-n", "32", "--raw", prompt, timeout=600)
         assert r.returncode == 0, r.stderr
         outs[spec] = r.stdout
     assert outs["none"].strip()
