@@ -152,14 +152,9 @@ def test_mtp_always_right_and_always_wrong_are_lossless(tmp_path, candidates):
         assert got == want and check(st), (model.path.name, st.accepted, st.drafted)
 
 
-# Before issue 16 part 1's rollback work (Context.rewind: checkpoint + replay) reached this code base, two
-# paths cut hybrid memory wrongly; on a code base that has it, these tests must pass.
-ROLLBACK_FIXED = hasattr(Context, "rewind")
-CALIBRATION_CUT = pytest.mark.xfail(not ROLLBACK_FIXED, strict=True, reason="the draft-length calibration cuts its whole "
-                                    "filler decode, restoring a stale recurrent state (fixed by issue 16 part 1)")
-
-
-@pytest.mark.parametrize("kind, adaptive", [("mtp", False), pytest.param("mtp+ngram", True, marks=CALIBRATION_CUT)])
+# mtp+ngram adaptive: the draft-length calibration cuts its filler decodes on hybrid memory (a stale-state bug
+# before the checkpoint-restoring rollback of issue 16); bench below reuses the cache across prompts.
+@pytest.mark.parametrize("kind, adaptive", [("mtp", False), ("mtp+ngram", True)])
 def test_sampled_mtp_equals_plain_sampling_with_same_seed(agree, candidates, kind, adaptive):
     want, _ = run_all(engine(agree, "none"), candidates[:8], 64, sampling=0.9)
     got, st = run_all(engine(agree, kind, adaptive=adaptive), candidates[:8], 64, sampling=0.9)
@@ -251,8 +246,6 @@ def test_run_accepts_the_mtp_kinds(lf, tiny_qwen35_mtp_agree, tmp_path):
     assert st["drafter"] == "mtp+ngram" and st["drafted"] > 0 and st["generated"] == 40
 
 
-@pytest.mark.xfail(not ROLLBACK_FIXED, strict=True, reason="bench reuses the cache across prompts: the prefix cut on "
-                   "hybrid memory is refused (fixed by issue 16 part 1)")
 def test_bench_runs_the_mtp_kinds_as_modes(lf, tiny_qwen35_mtp_agree, tmp_path):
     import json
 
