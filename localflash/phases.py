@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .speculative.stats import Stats
+from localflash.speculative.stats import Stats
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 PHASES = ("think", "answer")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import json
 
-from .errors import LocalflashError
+from localflash.errors import LocalflashError
 
 
 def render_chat(

@@ -23,9 +23,9 @@ import copy
 import time
 from dataclasses import dataclass, field
 
-from .errors import ContextOverflow, LocalflashError
-from .phases import PhaseGate, PhaseTracker, diff_stats, initial_phase
-from .speculative.stats import Stats
+from localflash.errors import ContextOverflow, LocalflashError
+from localflash.phases import PhaseGate, PhaseTracker, diff_stats, initial_phase
+from localflash.speculative.stats import Stats
 
 # Stats.stop -> the finish_reason callers see
 FINISH = {"eog": "stop", "stop": "stop", "length": "length", "context": "context", "cancelled": "cancelled"}
@@ -88,7 +88,7 @@ class Session:
     """One Engine, its template and drafting policy; requests run one at a time."""
 
     def __init__(self, engine, draft_mode: str = "on", gate: PhaseGate | None = None):
-        from .prompt import supports_thinking
+        from localflash.prompt import supports_thinking
 
         if draft_mode not in DRAFT_MODES:
             raise LocalflashError(f"draft mode must be on, off or auto, got {draft_mode!r}")
@@ -108,13 +108,13 @@ class Session:
 
     # -- prompts -------------------------------------------------------------------
     def render(self, messages: list[dict], thinking: bool | None = None, tools: list[dict] | None = None) -> str:
-        from .prompt import render_chat
+        from localflash.prompt import render_chat
 
         return render_chat(self.model, messages, add_generation_prompt=True, thinking=thinking if self.can_think else None, tools=tools)
 
     def encode(self, prompt_or_messages, *, system: str | None = None, raw: bool = False, thinking: bool | None = None, tools: list[dict] | None = None) -> tuple[list[int], str]:
         """Prompt tokens and the rendered text. A string with ``raw`` (or a model without a template) goes as is."""
-        from .prompt import tokenize_prompt
+        from localflash.prompt import tokenize_prompt
 
         if isinstance(prompt_or_messages, str):
             if raw or not self.model.chat_template():
@@ -146,7 +146,7 @@ class Session:
     # -- drafting policy --------------------------------------------------------------
     def policy_for(self, phase: str):
         if phase not in self.policies:
-            from .speculative.adapt import DraftPolicy
+            from localflash.speculative.adapt import DraftPolicy
 
             base = self.policies["answer"]
             p = DraftPolicy(base.max_draft, base.adaptive, base.draft_cost_grows)
@@ -201,7 +201,7 @@ class Generation:
     """One request on a Session: iterate it for Chunks; it keeps the totals as it goes."""
 
     def __init__(self, session: Session, prompt: list[int], prompt_text: str, max_tokens: int, sampling, stop, cancel):
-        from .prompt import TextStream
+        from localflash.prompt import TextStream
 
         self.session = session
         self.prompt = prompt

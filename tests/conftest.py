@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from localflash.tiny_models import DFlashSpec, HybridSpec, TinySpec, write_dflash, write_hybrid, write_target
+from localflash.testing.tiny import DFlashSpec, HybridSpec, TinySpec, write_dflash, write_hybrid, write_target
 
 
 @pytest.fixture(scope="session")

@@ -181,7 +181,7 @@ def test_bad_requests_raise_one_clear_error(tiny, tiny_target):
 
 
 def test_tools_and_tool_results_go_through_the_template(tiny_dir):
-    import localflash.tiny_models as tm
+    import localflash.testing.tiny as tm
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tm, "CHATML_TEMPLATE", TOOLS_TEMPLATE)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localflash.runner import config_from, open_engine
+from localflash.engine import config_from, open_engine
 from localflash.session import Conversation, Session
 from localflash.speculative.sampling import SamplingParams
 

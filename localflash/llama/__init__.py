@@ -1,7 +1,7 @@
 """The only package that imports llama_cpp. Everything else uses these wrappers."""
 
-from .bindings import recent_log, set_verbose, verbose
-from .runtime import (
+from localflash.llama.bindings import recent_log, set_verbose, verbose
+from localflash.llama.runtime import (
     KV_TYPES,
     Batch,
     Context,

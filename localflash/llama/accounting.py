@@ -4,7 +4,7 @@ llama.cpp prints every buffer it allocates while loading a model and creating
 a context ("CPU_Mapped model buffer size = 98.36 MiB", "CPU KV buffer size",
 "CPU RS buffer size", "CPU compute buffer size", "CPU output buffer size").
 ``measure`` loads with the low-level API, captures those lines and returns the
-bytes per buffer, so the planner (``localflash.plan``) can be checked against
+bytes per buffer, so the planner (``localflash.plan.fit``) can be checked against
 the library that will actually hold the memory. With ``no_alloc=True`` nothing
 is allocated: model and KV lines print 0 and only the compute sizes are real.
 """
@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import LocalflashError
-from . import bindings
-from .bindings import lib
+from localflash.errors import LocalflashError
+from localflash.llama import bindings
+from localflash.llama.bindings import lib
 
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}

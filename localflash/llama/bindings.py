@@ -14,7 +14,7 @@ import functools
 from collections import deque
 from types import SimpleNamespace
 
-from ..errors import LocalflashError
+from localflash.errors import LocalflashError
 
 REQUIRED_VERSION = "0.3.36"
 

@@ -14,9 +14,9 @@ import weakref
 
 import numpy as np
 
-from ..errors import LocalflashError
-from .bindings import lib
-from .runtime import Context, _last_error
+from localflash.errors import LocalflashError
+from localflash.llama.bindings import lib
+from localflash.llama.runtime import Context, _last_error
 
 
 class ExtBatch:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import LocalflashError
-from .bindings import ext
-from .runtime import Batch, Context, ContextOptions, Model
+from localflash.errors import LocalflashError
+from localflash.llama.bindings import ext
+from localflash.llama.runtime import Batch, Context, ContextOptions, Model
 
 
 def enable_nextn(ctx: Context, masked: bool) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import LocalflashError
-from .bindings import lib
-from .runtime import check_gguf, default_threads
+from localflash.errors import LocalflashError
+from localflash.llama.bindings import lib
+from localflash.llama.runtime import check_gguf, default_threads
 
 FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "BF16": 32}
 

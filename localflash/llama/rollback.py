@@ -17,14 +17,11 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from ..errors import RollbackError
-from .bindings import lib
+from localflash.archs import SNAPSHOT_ARCHS
+from localflash.errors import RollbackError
+from localflash.llama.bindings import lib
 
 
-# llama.cpp honours n_rs_seq only for these (llm_arch_supports_rs_rollback, src/llama-arch.cpp);
-# other hybrids (qwen3next, jamba, falcon-h1, ...) get 0 snapshots and go through checkpoint + replay
-SNAPSHOT_ARCHS = {"qwen35", "qwen35moe", "qwen4exp", "deepseek4", "nemotron_h", "nemotron_h_moe", "bailingmoe3",
-                  "lfm2", "lfm2moe", "kimi-k3", "glm5-next"}
 # Every decode writes 1 + n_rs_seq copies of the recurrent state (Qwen3.6-27B: ~150 MiB each) and keeps
 # them resident, so the snapshot depth, and with it the draft length on such a target, is bounded.
 MAX_SNAPSHOTS = 32

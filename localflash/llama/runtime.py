@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import LocalflashError
-from .bindings import ext, lib, recent_log
-from .rollback import RecurrentCache, StateCheckpoint  # noqa: F401  (StateCheckpoint: re-exported)
+from localflash.errors import LocalflashError
+from localflash.llama.bindings import ext, lib, recent_log
+from localflash.llama.rollback import RecurrentCache, StateCheckpoint  # noqa: F401  (StateCheckpoint: re-exported)
 
 GGUF_MAGIC = b"GGUF"
 

@@ -2,14 +2,14 @@
 
 localflash samples in :mod:`localflash.speculative.sampling` (its seeded draws
 are what make speculative sampling equal plain sampling token for token);
-``scripts/bench_sampling.py`` times this chain, on the host and attached to a
+``benchmarks/speed/bench_sampling.py`` times this chain, on the host and attached to a
 context as llama.cpp's backend sampling, on the same rows.
 """
 
 from __future__ import annotations
 
-from .bindings import lib
-from .runtime import Context
+from localflash.llama.bindings import lib
+from localflash.llama.runtime import Context
 
 
 class SamplerChain:

@@ -11,7 +11,7 @@ import socket
 import sys
 import time
 
-from ..errors import LocalflashError
+from localflash.errors import LocalflashError
 
 
 def require_stack() -> None:
@@ -27,9 +27,9 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = 
     """Bind, print the startup screen, serve until Ctrl-C (or SIGTERM), then stop the worker and close ``llm``."""
     import uvicorn
 
-    from .app import create_app
-    from .metrics import Metrics
-    from .worker import Worker
+    from localflash.serve.app import create_app
+    from localflash.serve.metrics import Metrics
+    from localflash.serve.worker import Worker
 
     out = out or sys.stderr
     if queue < 0:

@@ -19,12 +19,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__
-from ..errors import ContextOverflow, LocalflashError
-from . import schemas as S
-from .metrics import Metrics
-from .replies import ChatReply, CompletionReply, finish_reason, new_id, timings
-from .worker import Job, QueueFull, Worker
+from localflash import __version__
+from localflash.errors import ContextOverflow, LocalflashError
+from localflash.serve import schemas as S
+from localflash.serve.metrics import Metrics
+from localflash.serve.replies import ChatReply, CompletionReply, finish_reason, new_id, timings
+from localflash.serve.worker import Job, QueueFull, Worker
 
 OPEN_PATHS = {"/health", "/v1/health", "/v1/models", "/models", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 ERRORS: dict[int | str, dict[str, Any]] = {

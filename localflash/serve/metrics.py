@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from ..speculative.stats import Stats
+from localflash.speculative.stats import Stats
 
 
 class Metrics:

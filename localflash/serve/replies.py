@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 import time
 
-from .tools import ToolCallStream
+from localflash.serve.tools import ToolCallStream
 
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 

@@ -21,8 +21,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..errors import LocalflashError
-from .metrics import Metrics
+from localflash.errors import LocalflashError
+from localflash.serve.metrics import Metrics
 
 
 class QueueFull(Exception):

@@ -22,16 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import LocalflashError
-from ..llama import Context, ContextOptions, Model, gpu_offload_supported
-from .drafter import Drafter
+from localflash.archs import LAYER_INPUT_ARCHS
+from localflash.errors import LocalflashError
+from localflash.llama import Context, ContextOptions, Model, gpu_offload_supported
+from localflash.speculative.drafter import Drafter
 
-# Architectures whose llama.cpp graph exposes per-layer inputs (t_layer_inp).
-LAYER_INPUT_ARCHS = {
-    "llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "qwen4exp", "gemma4",
-    "gpt-oss", "openai-moe", "lfm2", "nemotron_h", "minimax-m2", "mimo2", "deepseek4",
-    "bailingmoe3", "hunyuan-vl", "nanbeige", "muse-glimmer", "minimax-01",
-}
 
 
 def check_dflash_pair(target: Model, drafter: Model) -> list[int]:

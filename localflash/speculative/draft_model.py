@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import LocalflashError
-from ..llama import Context, ContextOptions, Model
-from .drafter import Drafter
+from localflash.errors import LocalflashError
+from localflash.llama import Context, ContextOptions, Model
+from localflash.speculative.drafter import Drafter
 
 
 def check_same_vocab(target: Model, drafter: Model, samples: int = 256) -> None:

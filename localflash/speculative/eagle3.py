@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import LocalflashError
-from ..gguf_meta import read_meta
-from ..llama import Context, ContextOptions, Model
-from ..llama.ext_batch import ExtBatch
-from ..plan import EAGLE3_ENCODE_ROWS
-from .dflash import LAYER_INPUT_ARCHS
-from .drafter import Drafter
+from localflash.archs import EAGLE3_ENCODE_ROWS, LAYER_INPUT_ARCHS
+from localflash.errors import LocalflashError
+from localflash.formats.gguf_meta import read_meta
+from localflash.llama import Context, ContextOptions, Model
+from localflash.llama.ext_batch import ExtBatch
+from localflash.speculative.drafter import Drafter
 
 P_MIN_TOP_K = 10
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from ..errors import LocalflashError
-from ..llama import Context, Model
-from .adapt import DraftPolicy
-from .drafter import Drafter
-from .sampling import Sampler, SamplingParams
-from .stats import Stats
+from localflash.errors import LocalflashError
+from localflash.llama import Context, Model
+from localflash.speculative.adapt import DraftPolicy
+from localflash.speculative.drafter import Drafter
+from localflash.speculative.sampling import Sampler, SamplingParams
+from localflash.speculative.stats import Stats
 
 
 class Engine:

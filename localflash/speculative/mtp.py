@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import LocalflashError
-from ..llama import Context, ContextOptions, Model
-from ..llama.nextn import MtpContext, enable_nextn, nextn_rows
-from .drafter import Drafter
+from localflash.errors import LocalflashError
+from localflash.llama import Context, ContextOptions, Model
+from localflash.llama.nextn import MtpContext, enable_nextn, nextn_rows
+from localflash.speculative.drafter import Drafter
 
 HIDDEN_KEPT = 64  # hidden states of the last positions kept, so a short rollback pairs exactly again
 PROMPT_ENDS_KEPT = 8  # ... and those at the end of the last few prompts, where a chat's next turn resumes

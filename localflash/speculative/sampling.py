@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import LocalflashError
+from localflash.errors import LocalflashError
 
 WINDOW = 256  # tokens in the first candidate window (top-k: at least 4 k)
 STRIDE = 16  # the window's threshold comes from every STRIDE-th logit

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .drafter import Drafter
+from localflash.speculative.drafter import Drafter
 
 LABEL = "synthetic acceptance (benchmark only: an oracle drafter, not a real one)"
 

@@ -8,7 +8,7 @@ package itself stays light so ``--help`` never loads torch.
 
 from __future__ import annotations
 
-from ..errors import LocalflashError
+from localflash.errors import LocalflashError
 
 
 def require_torch():

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import LocalflashError
-from ..speculative.drafter import Drafter, NgramDrafter
+from localflash.errors import LocalflashError
+from localflash.speculative.drafter import Drafter, NgramDrafter
 
 PROMPT_FIELDS = ("prompt", "question", "instruction", "input", "text")
 FEATURE_DTYPE = np.float16
@@ -103,7 +103,7 @@ def split_holdout(prompts: list[str], every: int) -> tuple[list[int], list[int]]
 
 def chat_tokens(model, text: str, thinking: bool = False) -> list[int]:
     """The prompt as ``localflash run`` sends it: the chat template when there is one."""
-    from ..prompt import render_chat, supports_thinking, tokenize_prompt
+    from localflash.prompt import render_chat, supports_thinking, tokenize_prompt
 
     if not model.chat_template():
         return model.tokenize(text, add_special=True, parse_special=False)
@@ -266,10 +266,10 @@ def _read_records(path: Path) -> list[dict]:
 
 def _generate_shard(cfg: GenConfig, prompts: dict[int, str], out: Path, shard: int, on_record) -> None:
     """One worker: answer ``prompts`` with the target, append tokens and features."""
-    from ..llama import Context, ContextOptions, Model
-    from ..speculative.loop import Engine
-    from ..speculative.sampling import SamplingParams
-    from ..speculative.stats import Stats
+    from localflash.llama import Context, ContextOptions, Model
+    from localflash.speculative.loop import Engine
+    from localflash.speculative.sampling import SamplingParams
+    from localflash.speculative.stats import Stats
 
     seq_path = out / f"sequences-{shard}.jsonl"
     feat_path = out / f"features-{shard}.f16"

@@ -1,6 +1,6 @@
 """τ (tokens committed per target pass) of a drafter on prompts, with the real engine.
 
-Loads through :func:`localflash.runner.open_engine`, renders prompts as
+Loads through :func:`localflash.engine.open_engine`, renders prompts as
 ``localflash run`` does and decodes greedily, so the numbers are the ones a
 user gets. No torch here.
 """
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..speculative.stats import Stats
+from localflash.speculative.stats import Stats
 
 
 @dataclass
@@ -42,9 +42,9 @@ def measure_tau(
     on_prompt: Callable[[int, int], None] | None = None,
 ) -> TauReport:
     """Greedy generation over ``prompts``; the merged statistics and each prompt's τ."""
-    from ..runner import config_from, open_engine
-    from ..speculative.sampling import SamplingParams
-    from .data import chat_tokens
+    from localflash.engine import config_from, open_engine
+    from localflash.speculative.sampling import SamplingParams
+    from localflash.train.data import chat_tokens
 
     cfg = config_from(None, str(target), str(drafter) if drafter else None, spec=kind, draft_max=draft_max,
                       ctx=ctx, threads=threads, adaptive=adaptive)

@@ -1,6 +1,6 @@
 """A trained PyTorch drafter out to llama.cpp (GGUF, quantized) or to an HF checkpoint.
 
-Both go through :mod:`localflash.convert`'s name map and writers, so a drafter
+Both go through :mod:`localflash.formats.dflash_hf`'s name map and writers, so a drafter
 made here and a converted z-lab checkpoint are written by the same code.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..convert import DrafterInfo, hf_config, hf_to_gguf_name, write_quantized, write_safetensors
-from .model import DFlashDraft
+from localflash.formats.dflash_hf import DrafterInfo, hf_config, hf_to_gguf_name, write_quantized, write_safetensors
+from localflash.train.model import DFlashDraft
 
 
 def gguf_tensors(model: DFlashDraft) -> dict[str, np.ndarray]:

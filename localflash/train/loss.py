@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .anchors import IGNORE
+from localflash.train.anchors import IGNORE
 
 
 def default_gamma(block_size: int) -> float:

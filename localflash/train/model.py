@@ -22,7 +22,7 @@
   target's rows for the ``d2t`` tokens.
 
 Parameter names follow the HF checkpoint (``layers.0.self_attn.q_proj.weight``)
-so a state dict converts to GGUF with :mod:`localflash.convert`'s name map.
+so a state dict converts to GGUF with :mod:`localflash.formats.dflash_hf`'s name map.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..tiny_models import DFlashSpec
+from localflash.testing.tiny import DFlashSpec
 
 
 class RMSNorm(nn.Module):
@@ -304,7 +304,7 @@ def target_matrices(target_path) -> tuple[np.ndarray, np.ndarray]:
 
 def from_gguf(drafter_path, target_path, llama_semantics: bool = True) -> DFlashDraft:
     """A PyTorch drafter with the weights of a ``dflash`` GGUF and its target's embedding/head."""
-    from ..convert import gguf_to_hf_name, read_dflash_gguf
+    from localflash.formats.dflash_hf import gguf_to_hf_name, read_dflash_gguf
 
     info, tensors = read_dflash_gguf(drafter_path)
     embed, head = target_matrices(target_path)

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..convert import QUANTS, build_target_layer_ids, read_target
-from ..errors import LocalflashError
-from ..registry import cache_dir
-from ..tiny_models import DFlashSpec
-from .data import FeatureStore, GenConfig, build_dataset, load_prompts, split_holdout
-from .trainer import TrainConfig
+from localflash.formats.dflash_hf import QUANTS, build_target_layer_ids, read_target
+from localflash.errors import LocalflashError
+from localflash.registry.pairs import cache_dir
+from localflash.testing.tiny import DFlashSpec
+from localflash.train.data import FeatureStore, GenConfig, build_dataset, load_prompts, split_holdout
+from localflash.train.trainer import TrainConfig
 
 CONTROL_TYPES = (3, 4)  # llama.cpp token types: CONTROL, USER_DEFINED
 
@@ -123,13 +123,13 @@ def run(cfg: PipelineConfig, console=None) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from . import require_torch
+    from localflash.train import require_torch
 
     torch = require_torch()
-    from .evaluate import measure_tau
-    from .export import export_gguf, export_hf
-    from .model import DFlashDraft, target_matrices
-    from .trainer import CKPT_NAME, Trainer
+    from localflash.train.evaluate import measure_tau
+    from localflash.train.export import export_gguf, export_hf
+    from localflash.train.model import DFlashDraft, target_matrices
+    from localflash.train.trainer import CKPT_NAME, Trainer
 
     con = console or Console(stderr=True)
     if cfg.quant.upper() not in QUANTS:
@@ -144,7 +144,7 @@ def run(cfg: PipelineConfig, console=None) -> dict:
     if cfg.block_size < 2:
         raise LocalflashError(f"--block-size must be at least 2, got {cfg.block_size}")
     tinfo = read_target(cfg.target)
-    from ..speculative.dflash import LAYER_INPUT_ARCHS
+    from localflash.archs import LAYER_INPUT_ARCHS
 
     if tinfo.arch not in LAYER_INPUT_ARCHS:
         raise LocalflashError(f"target arch {tinfo.arch!r} cannot export layer inputs, which DFlash needs")

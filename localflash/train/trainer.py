@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import LocalflashError
-from ..tiny_models import DFlashSpec
-from .anchors import IGNORE, build_blocks, sample_anchors
-from .data import FeatureStore, Record
-from .loss import default_gamma, dflash_loss, position_weights
-from .model import DFlashDraft
+from localflash.errors import LocalflashError
+from localflash.testing.tiny import DFlashSpec
+from localflash.train.anchors import IGNORE, build_blocks, sample_anchors
+from localflash.train.data import FeatureStore, Record
+from localflash.train.loss import default_gamma, dflash_loss, position_weights
+from localflash.train.model import DFlashDraft
 
 CKPT_NAME = "checkpoint.pt"
 

@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""Host cost per draft–verify cycle at Qwen3.6 shapes: vocabulary 248,320, width 5,120.
+
+The real loop (``Engine.generate``) runs on a random-weight ``qwen35`` target
+with Qwen3.6-27B's vocabulary and width but five cheap layers, and a
+random-weight DFlash drafter of the same width tapping five target layers, at
+blocks 4/8/16. Random weights accept nothing, so the drafter is wrapped by the
+benchmark-only synthetic drafter (speculative/synthetic.py): the DFlash
+drafter does all its work each cycle (feature injection of the committed rows,
+one block forward, reading its rows), then its proposal is replaced by the
+target's own plain continuation with per-token acceptance α (default 0.84:
+τ ≈ 6 at block 16). The target verifies as usual.
+
+**Host** = decode-phase time outside every ``llama_decode`` call (target and
+drafter): sampling/verify, the drafter's Python side (feature concatenation,
+its row argmax), batch filling, ctypes, bookkeeping. It is reported as this
+thread's CPU time (robust to other processes on a shared machine; with one
+llama.cpp thread all compute runs on this thread, so CPU inside minus CPU
+total is exact) and as wall time. Its share of a modeled 20 ms / 30 ms
+verify step is host / (verify + host): the fraction of a GPU cycle the card
+would wait on the host (a 24 GB card verifies Qwen3.6-27B Q4_K_M in ~20–30 ms).
+
+The target's output norm is scaled so its logits are peaked like a real
+model's (random weights alone give near-flat rows, where top-p 0.95 keeps most
+of the vocabulary); the sizes of the kept sets are printed.
+
+Variants (all in one process, on the same models and prompt): ``before`` =
+the sampler and verify step of main at 5515589 (patched in from this script,
+verbatim), the DFlash drafts read from its logits by NumPy; ``host`` = today's
+sampler, drafts read by NumPy; ``graph`` = today's sampler, drafts taken by
+llama.cpp's in-graph argmax (only ids reach the host: what a GPU build does;
+on a CPU that argmax is a scalar loop inside the drafter's ``llama_decode``,
+which the drafter decode column shows).
+
+    .venv/bin/python benchmarks/speed/bench_host.py --json host.json
+    .venv/bin/python benchmarks/speed/bench_host.py --blocks 16 --sampling greedy --variants graph --tokens 64 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np  # noqa: E402
+
+from localflash.bench import rig as bl  # noqa: E402
+
+SAMPLING = {  # name -> (temperature, top_k, top_p, min_p)
+    "greedy": (0.0, 40, 1.0, 0.0),
+    "topk40": (0.8, 40, 0.95, 0.05),
+    "topp95": (0.8, 0, 0.95, 0.0),  # top-k off: what many OpenAI clients send
+}
+NORM_SCALE = 12.0  # output norm weight: logit std ~4 over 248,320 tokens (peaked like a real model)
+
+
+def write_models(work: Path, blocks: list[int]) -> tuple[Path, dict[int, Path]]:
+    from localflash.testing.shaped import PRESETS, write_random
+
+    work.mkdir(parents=True, exist_ok=True)
+    pool = np.random.default_rng(1).integers(0, 256, size=64 << 20, dtype=np.uint8)
+    spec = replace(PRESETS["qwen3.6-27b"], name="qwen3.6-vocab-5layer", n_layer=5, n_ff=1024, n_nextn=0)
+    tpath = work / f"{spec.name}-Q4_0.gguf"
+    if not tpath.exists():
+        write_random(tpath, spec, "Q4_0", pool)
+        _scale_tensor(tpath, "output_norm.weight", NORM_SCALE)
+    dpaths = {}
+    for b in blocks:
+        dspec = replace(PRESETS["qwen3.6-27b-dflash"], name=f"qwen3.6-dflash-b{b}", n_layer=1, n_ff=1024, block_size=b,
+                        target_layers=(0, 1, 2, 3, 4), swa_window=0, swa_layers=())
+        dpaths[b] = work / f"{dspec.name}-Q8_0.gguf"
+        if not dpaths[b].exists():
+            write_random(dpaths[b], dspec, "Q8_0", pool, mask_token=spec.n_vocab - 1)
+    return tpath, dpaths
+
+
+def _scale_tensor(path: Path, name: str, scale: float) -> None:
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(path), "r+")
+    t = next(t for t in r.tensors if t.name == name)
+    t.data[...] = t.data * scale
+    r.data.flush()
+
+
+# the sampler and verify step of main before this change (5515589), verbatim, for --before
+def _old_filtered_distribution(logits, p):
+    n = logits.shape[0]
+    if 0 < p.top_k < n:
+        ids = np.argpartition(-logits, p.top_k - 1)[: p.top_k]
+    else:
+        ids = np.arange(n)
+    vals = logits[ids].astype(np.float64)
+    order = np.lexsort((ids, -vals))
+    ids, vals = ids[order], vals[order]
+    if p.top_p < 1.0 or p.min_p > 0.0:
+        probs = np.exp(vals - vals[0])
+        probs /= probs.sum()
+        keep = len(ids)
+        if p.top_p < 1.0:
+            keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
+        if p.min_p > 0.0:
+            keep = min(keep, int(np.count_nonzero(probs >= p.min_p * probs[0])))
+        ids, vals = ids[: max(keep, 1)], vals[: max(keep, 1)]
+    probs = np.exp((vals - vals[0]) / p.temperature)
+    return ids, probs / probs.sum()
+
+
+class OldSampler:
+    def __init__(self, params=None):
+        from localflash.speculative.sampling import SamplingParams
+
+        self.params = params or SamplingParams()
+        self.rng = np.random.default_rng(self.params.seed)
+
+    def __call__(self, logits):
+        if self.params.greedy:
+            return int(np.argmax(logits))
+        ids, probs = _old_filtered_distribution(logits, self.params)
+        u = self.rng.random()
+        i = int(np.searchsorted(np.cumsum(probs), u, side="right"))
+        return int(ids[min(i, len(ids) - 1)])
+
+
+def old_verify_block(ctx, draft, sample, is_eog):
+    new = []
+    for i in range(len(draft) + 1):
+        tok = sample(ctx.logits(i if draft else -1))
+        new.append(tok)
+        if i == len(draft) or tok != draft[i] or is_eog(tok):
+            break
+    return new
+
+
+def use_before() -> None:
+    from localflash.speculative import loop
+
+    loop.Sampler = OldSampler
+    loop.verify_block = old_verify_block
+
+
+def kept_sizes(rows: np.ndarray, params) -> list[int]:
+    from localflash.speculative.sampling import kept_set
+
+    return [len(kept_set(r, params)[0]) for r in rows]
+
+
+def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) -> None:
+    from localflash.llama import Context, ContextOptions, Model
+    from localflash.speculative import loop
+    from localflash.speculative.dflash import DFlashDrafter
+    from localflash.speculative.loop import Engine
+    from localflash.speculative.sampling import SamplingParams
+    from localflash.speculative.stats import Stats
+    from localflash.speculative.synthetic import SyntheticDrafter
+
+    target = Model(tpath)
+    k = block - 1
+    ctx = Context(target, ContextOptions(n_ctx=1024, n_batch=256, n_ubatch=256, n_outputs_max=block, n_threads=a.threads, n_rs_seq=block))
+    tt = bl.Timer(ctx)
+    engines = {}
+    for v in a.variants.split(","):  # before/host: NumPy reads the drafter's rows; graph: llama.cpp's graph returns ids
+        dflash = DFlashDrafter(Model(dpath), target, ctx, 1024 + 16, n_threads=a.threads, in_graph_argmax=v == "graph")
+        synth = SyntheticDrafter(a.alpha, k, target.n_vocab, seed=0, inner=dflash)
+        engines[v] = (Engine(target, ctx, synth, adaptive=False, draft_max=k), synth, bl.Timer(dflash.ctx))
+    prompt = [int(x) for x in np.random.default_rng(0).integers(300, target.n_vocab - 1, size=64)]
+    real = (loop.Sampler, loop.verify_block)
+    try:
+        for name in a.sampling.split(","):
+            temp, top_k, top_p, min_p = SAMPLING[name]
+            sp = SamplingParams(temp, top_k, top_p, min_p, seed=7)
+            if name not in refs:  # the oracle's reference: plain decoding with the same settings and seed
+                plain_ctx = Context(target, ContextOptions(n_ctx=1024, n_batch=256, n_ubatch=256, n_outputs_max=1, n_threads=a.threads, n_rs_seq=1))
+                refs[name] = [t for new in Engine(target, plain_ctx).generate(prompt, a.tokens, sp) for t in new]
+                plain_ctx.close()
+            ref = refs[name]
+            for variant, (eng, synth, dt) in engines.items():
+                if variant == "before":
+                    use_before()
+                synth.set_reference(prompt + ref)
+                synth.off_track = 0
+                runs = []
+                for rep in range(a.repeat):
+                    eng.reset()
+                    st = Stats()
+                    gen = eng.generate(prompt, a.tokens, sp, st)
+                    first = next(gen)
+                    prof = cProfile.Profile(time.thread_time) if a.profile else None
+                    if prof:
+                        prof.enable()
+                    t0, d0, c0 = tt.seconds, dt.seconds, time.thread_time()
+                    ci0 = tt.cpu + dt.cpu
+                    w0 = time.perf_counter()
+                    toks = list(first) + [t for new in gen for t in new]
+                    wall = time.perf_counter() - w0
+                    cpu = time.thread_time() - c0
+                    inside_cpu = tt.cpu + dt.cpu - ci0
+                    inside = tt.seconds - t0 + dt.seconds - d0
+                    if prof:
+                        prof.disable()
+                        pstats.Stats(prof).sort_stats("tottime").print_stats(a.profile_top)
+                    runs.append(dict(cycles=st.cycles, tau=st.tau, host_cpu=cpu - inside_cpu, host_wall=wall - inside,
+                                     verify=tt.seconds - t0, draft=dt.seconds - d0, same=toks == ref, hist=list(st.accept_hist)))
+                loop.Sampler, loop.verify_block = real
+                best = min(runs, key=lambda r: r["host_cpu"])  # interference only ever adds
+                cyc = best["cycles"]
+                host_us = 1e6 * best["host_cpu"] / cyc
+                row = {
+                    "block": block, "sampling": name, "variant": variant, "tokens": a.tokens,
+                    "cycles": cyc, "tau": best["tau"], "host_cpu_us_per_cycle": host_us,
+                    "host_wall_us_per_cycle": 1e6 * best["host_wall"] / cyc,
+                    "host_cpu_us_runs": [1e6 * r["host_cpu"] / r["cycles"] for r in runs],
+                    "share_20ms": host_us / (host_us + 20000), "share_30ms": host_us / (host_us + 30000),
+                    "target_decode_ms_per_cycle": 1e3 * best["verify"] / cyc, "drafter_decode_ms_per_cycle": 1e3 * best["draft"] / cyc,
+                    "same_as_plain": all(r["same"] for r in runs), "off_track_cycles": synth.off_track, "accept_hist": best["hist"],
+                }
+                out.append(row)
+                print(f"block {block:2d} {name:7s} {variant:6s}: host {host_us:7.0f} us/cycle CPU "
+                      f"({row['host_wall_us_per_cycle']:.0f} wall), tau {best['tau']:.2f}, {cyc} cycles, "
+                      f"{100 * row['share_20ms']:.2f}% of a 20 ms / {100 * row['share_30ms']:.2f}% of a 30 ms verify, "
+                      f"drafter decode {row['drafter_decode_ms_per_cycle']:.0f} ms/cycle, same as plain {row['same_as_plain']}", flush=True)
+            if name != "greedy" and block == 16:  # rows like the loop's: how big the kept sets are
+                eng = next(iter(engines.values()))[0]
+                eng.reset()
+                ctx.decode(prompt[:-block], 0, "none")
+                ctx.decode(prompt[-block:], len(prompt) - block, "all")
+                sizes = kept_sizes(ctx.all_logits(), sp)
+                eng.reset()
+                print(f"  {name}: kept set sizes over a 16-row verify batch: median {statistics.median(sizes):.0f}, max {max(sizes)}")
+                out.append({"block": block, "sampling": name, "kept_set_sizes": sizes})
+    finally:
+        loop.Sampler, loop.verify_block = real
+        for eng, _, _ in engines.values():
+            eng.drafter.close()
+        ctx.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--blocks", default="4,8,16")
+    ap.add_argument("--sampling", default="greedy,topk40,topp95", help=f"comma list of {', '.join(SAMPLING)}")
+    ap.add_argument("--tokens", type=int, default=96, help="tokens per run")
+    ap.add_argument("--repeat", type=int, default=2, help="runs per setting; the lowest host CPU counts")
+    ap.add_argument("--alpha", type=float, default=0.84, help="synthetic per-token acceptance (0.84: tau ~6 at block 16)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--variants", default="before,host,graph",
+                    help="before: the sampler and verify step of main at 5515589 (drafts read by NumPy); "
+                         "host: today's sampler, drafts read by NumPy; graph: today's sampler, drafts as ids from llama.cpp's graph")
+    ap.add_argument("--work", default=str(Path.home() / ".cache" / "localflash" / "bench_host"))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", action="store_true", help="print cProfile's top functions (thread CPU time) of each timed run")
+    ap.add_argument("--profile-top", type=int, default=16)
+    a = ap.parse_args(argv)
+    bl.set_omp_wait("passive")
+    blocks = [int(b) for b in a.blocks.split(",")]
+    tpath, dpaths = write_models(Path(a.work), blocks)
+    rows: list = []
+    refs: dict = {}
+    for b in blocks:
+        run_block(tpath, dpaths[b], b, a, rows, refs)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"machine": bl.machine_info(), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

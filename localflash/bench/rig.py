@@ -1,0 +1,376 @@
+"""Shared pieces of the benchmark scripts (bench_spec.py, bench_suite.py, device_check.py).
+
+One target model is loaded once. Each *mode* is an Engine with its own draft
+policy: plain decoding, or one drafter kind with a fixed draft length or the
+adaptive length. Modes of one drafter kind share one target context and one
+drafter (every run starts from an empty cache, so sharing is safe), and plain
+decoding gets a context of its own, so nothing a drafter switches on (layer
+input capture for DFlash) slows the plain baseline down.
+
+Timing. ``llama_decode`` is wrapped per context, so a run splits its decode
+phase into target forward time, drafter forward time (decode calls on the
+drafter's context, feature injection included) and host time = everything
+else (sampling, the Python loop, batch filling, ctypes). The same split
+is kept in CPU seconds of the calling thread (``time.thread_time``): with one
+llama.cpp thread the compute runs on that thread, so the CPU-time host share
+is the host overhead a machine of one's own would see, free of the time
+other processes take the core away (which wall-clock shares include).
+On a CPU ``llama_decode`` returns when the compute is done; on a GPU the first logits
+read waits for it, so ``sync`` (default on for GPUs) adds an explicit
+``llama_synchronize`` to keep device time out of the host share.
+
+Decode tok/s = (tokens after the first) / (decode-phase seconds): the first
+token comes out of prefill, so it is counted with the prompt, the same way
+llama.cpp's ``llama-speculative-simple`` counts (its prompt pass leaves the
+last prompt token to the first decode cycle).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (git commit in reports; peer/ builds)
+
+# Spec-Bench: MT-Bench's eight categories count as one, the other five as they are.
+MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n```python\n{prompt}\n```"
+
+
+# -- environment ----------------------------------------------------------------
+
+def set_omp_wait(policy: str) -> None:
+    """Set OpenMP's wait policy for llama.cpp's threads (and for any peer binary started later).
+
+    ggml's CPU backend (built with OpenMP) meets at an ``omp barrier`` several
+    times per layer. With the default (active) policy a thread that arrives
+    first spins; when other processes hold the cores, the thread it waits for
+    is off the CPU, and a 2-thread decode of SmolLM2 drops from ~85 to
+    0.2-0.6 tok/s on this 2-core machine at load 10. ``passive`` makes waiting
+    threads sleep: slower on an idle machine, far faster on a shared one.
+    Must run before llama_cpp (libgomp) is loaded.
+    """
+    import sys
+
+    if policy == "default":
+        return
+    if "llama_cpp" in sys.modules:
+        raise RuntimeError("set_omp_wait must run before llama_cpp is imported")
+    os.environ["OMP_WAIT_POLICY"] = policy.upper()
+
+
+# -- prompts ------------------------------------------------------------------
+
+@dataclass
+class Prompt:
+    id: str
+    category: str
+    text: str
+
+
+def spec_bench(per_category: int) -> list[Prompt]:
+    """The first ``per_category`` first-turn prompts of each of Spec-Bench's six categories."""
+    from localflash.bench.run import prompt_set_rows
+
+    rows = prompt_set_rows("spec_bench")
+    out: list[Prompt] = []
+    seen: dict[str, int] = {}
+    for r in rows:
+        cat = "mt_bench" if r["category"] in MT_BENCH else r["category"]
+        if seen.get(cat, 0) >= per_category:
+            continue
+        seen[cat] = seen.get(cat, 0) + 1
+        out.append(Prompt(f"sb{r['question_id']}", cat, r["turns"][0]))
+    return out
+
+
+def humaneval(n: int) -> list[Prompt]:
+    from localflash.bench.run import prompt_set_rows
+
+    rows = prompt_set_rows("humaneval")
+    return [Prompt(r["task_id"], "humaneval", HUMANEVAL_INSTRUCTION.format(prompt=r["prompt"])) for r in rows[:n]]
+
+
+def render(model, text: str) -> tuple[str, list[int]]:
+    """The chat-formatted prompt text (what a C++ peer is given) and its tokens."""
+    from localflash.prompt import render_chat, tokenize_prompt
+
+    if model.chat_template():
+        s = render_chat(model, [{"role": "user", "content": text}])
+        return s, tokenize_prompt(model, s)
+    return text, model.tokenize(text)
+
+
+# -- modes --------------------------------------------------------------------
+
+@dataclass
+class Mode:
+    name: str  # "plain", "ngram-k4", "draft-adaptive", ...
+    kind: str  # none | ngram | draft | dflash | mtp | mtp+ngram
+    k: int  # fixed draft length, or the adaptive maximum
+    adaptive: bool
+    engine: object = None
+
+
+class Timer:
+    """Wraps a Context's ``_run`` (the one place ``llama_decode`` is called) and adds up its seconds."""
+
+    def __init__(self, ctx, sync: bool = False):
+        from localflash.llama.bindings import lib
+
+        self.seconds = 0.0
+        self.cpu = 0.0  # this thread's CPU seconds inside llama_decode (all of it when n_threads = 1)
+        self.calls = 0
+        inner = ctx._run
+        sync_fn = lib().llama_synchronize if sync else None
+        ptr = ctx.ptr
+
+        def timed(raw, n):
+            t, c = time.perf_counter(), time.thread_time()
+            inner(raw, n)
+            if sync_fn is not None:
+                sync_fn(ptr)
+            self.seconds += time.perf_counter() - t
+            self.cpu += time.thread_time() - c
+            self.calls += 1
+
+        ctx._run = timed
+
+
+@dataclass
+class Bench:
+    """A loaded target and the drafters and engines of every mode."""
+
+    target: object
+    modes: list[Mode]
+    timers: dict[str, tuple[Timer, Timer | None]] = field(default_factory=dict)  # kind -> (target, drafter)
+    closers: list = field(default_factory=list)
+
+    def close(self) -> None:
+        for c in self.closers:
+            c()
+
+
+def mode_names(kinds: list[str], lengths: list[int], adaptive_max: dict[str, int], adaptive: bool = True) -> list[tuple[str, str, int, bool]]:
+    out = [("plain", "none", 0, False)]
+    for kind in kinds:
+        for k in lengths:
+            if kind == "dflash" and k > adaptive_max.get("dflash", 15):
+                continue
+            out.append((f"{kind}-k{k}", kind, k, False))
+        if adaptive:
+            out.append((f"{kind}-adaptive", kind, adaptive_max.get(kind, 8), True))
+    return out
+
+
+def build(target_path: Path, drafters: dict[str, Path | None], specs: list[tuple[str, str, int, bool]], *, n_ctx: int,
+          threads: int = 0, n_gpu_layers: int = -1, sync: bool = False, target=None) -> Bench:
+    """Load everything ``specs`` (from :func:`mode_names`) needs; ``drafters`` maps kind -> drafter file."""
+    from localflash.llama import Context, ContextOptions, Model, ModelOptions
+    from localflash.speculative.dflash import DFlashDrafter
+    from localflash.speculative.draft_model import DraftModelDrafter
+    from localflash.speculative.drafter import Drafter, NgramDrafter
+    from localflash.speculative.loop import Engine
+    from localflash.speculative.mtp import MtpDrafter
+    from localflash.speculative.drafter import LookupFirstDrafter
+    from localflash.archs import RECURRENT_ARCHS
+
+    if target is None:
+        mtp = any(kind.startswith("mtp") for _, kind, _, _ in specs)
+        target = Model(target_path, ModelOptions(n_gpu_layers=n_gpu_layers, load_mtp=mtp))
+    bench = Bench(target, [])
+    kmax = {kind: max([k for _, kd, k, _ in specs if kd == kind] or [0]) for kind in {s[1] for s in specs}}
+    shared: dict[str, tuple[object, object]] = {}
+    for kind in kmax:
+        n_rs = kmax[kind] if target.arch in RECURRENT_ARCHS else 0  # as runner/plan: the longest draft
+        ctx = Context(target, ContextOptions(n_ctx=n_ctx, n_outputs_max=max(kmax[kind] + 1, 1), n_threads=threads, n_rs_seq=n_rs))
+        drafter_timer = None
+        if kind == "none":
+            drafter = Drafter()
+        elif kind == "ngram":
+            drafter = NgramDrafter(max(kmax[kind], 1))
+        elif kind == "draft":
+            dm = Model(drafters["draft"], ModelOptions(n_gpu_layers=n_gpu_layers))
+            drafter = DraftModelDrafter(dm, target, n_ctx, max(kmax[kind], 1), 0.0, n_threads=threads)
+            drafter_timer = Timer(drafter.ctx, sync)
+        elif kind == "dflash":
+            dm = Model(drafters["dflash"], ModelOptions(n_gpu_layers=n_gpu_layers))
+            drafter = DFlashDrafter(dm, target, ctx, n_ctx + 16, n_threads=threads)
+            drafter_timer = Timer(drafter.ctx, sync)
+        elif kind in ("mtp", "mtp+ngram"):  # the target's own MTP block, in its own MTP context
+            drafter = MtpDrafter(target, ctx, n_ctx, max(kmax[kind], 1), n_threads=threads)
+            drafter_timer = Timer(drafter.ctx, sync)
+            if kind == "mtp+ngram":
+                drafter = LookupFirstDrafter(drafter)
+        else:
+            raise ValueError(kind)
+        bench.timers[kind] = (Timer(ctx, sync), drafter_timer)
+        shared[kind] = (ctx, drafter)
+        bench.closers.append(lambda c=ctx, d=drafter: (d.close(), c.close()))
+    for name, kind, k, adaptive in specs:
+        ctx, drafter = shared[kind]
+        eng = Engine(target, ctx, drafter, adaptive=adaptive, draft_max=k)
+        bench.modes.append(Mode(name, kind, k, adaptive, eng))
+    return bench
+
+
+@dataclass
+class Run:
+    mode: str
+    prompt: str
+    category: str
+    prompt_tokens: int
+    generated: int
+    tokens: list[int]
+    t_decode: float
+    t_target: float  # target llama_decode seconds in the decode phase
+    t_draft: float  # drafter llama_decode seconds in the decode phase
+    t_prefill: float
+    stats: dict
+    cpu_decode: float = 0.0  # CPU seconds of this thread in the decode phase
+    cpu_inside: float = 0.0  # ... of which inside llama_decode (target and drafter)
+
+    @property
+    def cpu_host(self) -> float:
+        return max(0.0, self.cpu_decode - self.cpu_inside)
+
+    @property
+    def t_host(self) -> float:
+        return max(0.0, self.t_decode - self.t_target - self.t_draft)
+
+    @property
+    def tok_s(self) -> float:
+        return (self.generated - 1) / self.t_decode if self.t_decode > 0 else 0.0
+
+
+def run_one(bench: Bench, mode: Mode, prompt: Prompt, tokens: list[int], max_tokens: int) -> Run:
+    """Generate greedily from an empty cache; split the decode phase by the decode timers."""
+    from localflash.speculative.stats import Stats
+
+    eng = mode.engine
+    eng.reset()
+    tt, dt = bench.timers[mode.kind]
+    st = Stats()
+    out: list[int] = []
+    gen = eng.generate(tokens, max_tokens, None, st)
+    first = next(gen, None)  # prefill and the first token; the decode phase starts here
+    t0, d0 = tt.seconds, dt.seconds if dt else 0.0
+    c0, ci0 = time.thread_time(), tt.cpu + (dt.cpu if dt else 0.0)
+    if first:
+        out += first
+        for new in gen:
+            out += new
+    cpu = time.thread_time() - c0
+    cpu_inside = tt.cpu + (dt.cpu if dt else 0.0) - ci0
+    t_target = tt.seconds - t0
+    t_draft = (dt.seconds - d0) if dt else 0.0
+    d = st.to_dict()
+    return Run(mode.name, prompt.id, prompt.category, len(tokens), st.generated, out, st.t_decode, t_target, t_draft,
+               st.t_prefill, d, cpu, cpu_inside)
+
+
+def summarize(runs: list[Run], plain: list[Run] | None = None) -> dict:
+    """Totals over runs: tok/s, τ, acceptance per position, time split, host per cycle."""
+    gen = sum(r.generated - 1 for r in runs)
+    t = sum(r.t_decode for r in runs)
+    cycles = sum(r.stats["cycles"] for r in runs)
+    drafted = sum(r.stats["drafted"] for r in runs)
+    accepted = sum(r.stats["accepted"] for r in runs)
+    committed = sum(r.stats["committed"] for r in runs)
+    tries: list[int] = []
+    hits: list[int] = []
+    hist: list[int] = []
+    for r in runs:
+        for arr, src in ((tries, r.stats["pos_tries"]), (hits, r.stats["pos_hits"]), (hist, r.stats["accept_hist"])):
+            for i, v in enumerate(src):
+                while len(arr) <= i:
+                    arr.append(0)
+                arr[i] += v
+    t_target = sum(r.t_target for r in runs)
+    t_draft = sum(r.t_draft for r in runs)
+    t_host = sum(r.t_host for r in runs)
+    row = {
+        "runs": len(runs),
+        "tokens": gen,
+        "seconds": t,
+        "tok_s": gen / t if t > 0 else 0.0,
+        "cycles": cycles,
+        "drafted": drafted,
+        "accepted": accepted,
+        "tau": committed / cycles if cycles else 0.0,
+        "acceptance": accepted / drafted if drafted else 0.0,
+        "position_acceptance": [h / n if n else 0.0 for h, n in zip(hits + [0] * len(tries), tries)],
+        "accept_hist": hist,
+        "t_target": t_target,
+        "t_draft": t_draft,
+        "t_host": t_host,
+        "target_share": t_target / t if t > 0 else 0.0,
+        "draft_share": t_draft / t if t > 0 else 0.0,
+        "host_share": t_host / t if t > 0 else 0.0,
+        "host_ms_per_cycle": 1000 * t_host / cycles if cycles else 0.0,
+        "cycle_ms": 1000 * t / cycles if cycles else 0.0,
+    }
+    cpu = sum(r.cpu_decode for r in runs)
+    cpu_host = sum(r.cpu_host for r in runs)
+    row.update(host_cpu_share=cpu_host / cpu if cpu > 0 else 0.0, host_cpu_ms_per_cycle=1000 * cpu_host / cycles if cycles else 0.0)
+    if plain is not None:
+        by_prompt = {r.prompt: r for r in plain}
+        same = sum(1 for r in runs if r.prompt in by_prompt and r.tokens == by_prompt[r.prompt].tokens)
+        row["same_as_plain"] = same
+    return row
+
+
+def fmt_pos(acc: list[float], n: int = 8) -> str:
+    return " ".join(f"{a:.2f}" for a in acc[:n]) + (" …" if len(acc) > n else "")
+
+
+# -- the machine ----------------------------------------------------------------
+
+def machine_info() -> dict:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import llama_cpp
+    import numpy
+
+    info = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "llama_cpp_python": llama_cpp.__version__,
+        "numpy": numpy.__version__,
+    }
+    try:
+        info["localflash_commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout
+        info["localflash_dirty"] = bool(dirty.strip())
+    except OSError:
+        pass
+    return info
+
+
+def load_snapshot() -> dict:
+    """Load average and the processes using the CPU right now (others share this machine)."""
+    snap = {"loadavg": list(os.getloadavg())}
+    try:
+        top = subprocess.run(["top", "-bn1", "-w", "200"], capture_output=True, text=True, timeout=10).stdout.splitlines()
+        snap["top"] = [ln for ln in top[:20] if ln.strip()][:16]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return snap
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

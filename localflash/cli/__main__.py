@@ -1,0 +1,3 @@
+from localflash.cli.app import main
+
+main()

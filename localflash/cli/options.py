@@ -1,0 +1,183 @@
+"""The command-line options that several commands share, each defined once.
+
+A command asks for a group of options by a parameter typed with the group and
+defaulted to :func:`use` (per-command defaults and left-out flags go there)::
+
+    @app.command()
+    @shared_options
+    def serve(load: LoadFlags = use(), sampling: SamplingFlags = use(temp=0.7), port: int = 8000):
+        engine = open_engine(load.config())
+
+:func:`shared_options` puts the group's flags into the command's help where the
+parameter stands and hands the command the filled group. Single shared flags
+(``--max-tokens``, ``--raw``, ``--system``) are :class:`Flag` objects:
+``max_tokens: int = MAX_TOKENS.option(256)``.
+
+No heavy imports here: ``--help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Optional
+
+import typer
+
+from localflash.errors import LocalflashError
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One option: its type, default, names, help and an optional check of the value."""
+
+    type: Any
+    default: Any
+    decls: tuple[str, ...]
+    help: str | None = None
+    check: Callable[[Any], None] | None = None
+
+    def option(self, default: Any = inspect.Parameter.empty, also: tuple[str, ...] = ()):
+        """A typer option for a command parameter; ``also``: more names for it in that command."""
+        default = self.default if default is inspect.Parameter.empty else default
+        callback = None
+        if self.check is not None:
+            check = self.check
+
+            def callback(value):
+                if value is not None:
+                    check(value)
+                return value
+
+        return typer.Option(default, *self.decls, *also, help=self.help, callback=callback)
+
+
+def _at_least_one(name: str):
+    def check(value):
+        if value < 1:
+            raise LocalflashError(f"{name} must be at least 1, got {value}")
+
+    return check
+
+
+MAX_TOKENS = Flag(int, 256, ("--max-tokens", "-n"), "Longest reply in tokens (bench: per prompt).", _at_least_one("--max-tokens"))
+RAW = Flag(bool, False, ("--raw",), "Send the prompt as is, without the chat template.")
+SYSTEM = Flag(Optional[str], None, ("--system", "-s"), "System prompt (chat template only).")
+PAIR = Flag(Optional[str], None, ("--pair", "-p"), "A pair from models.toml.")
+DRAFTER = Flag(Optional[str], None, ("--drafter",), "Drafter GGUF (DFlash, EAGLE-3 or a small model), next to its target.")
+MODEL = Flag(Optional[str], None, ("--model", "-m"), "Target GGUF file.")
+DRAFT_MAX = Flag(Optional[int], None, ("--draft-max",), "Longest draft per cycle.")
+
+LOAD_FLAGS = {
+    "pair": PAIR,
+    "model": MODEL,
+    "drafter": DRAFTER,
+    "spec": Flag(str, "auto", ("--spec",), "auto | none | dflash | draft | eagle3 | ngram | mtp; dflash+ngram / draft+ngram / eagle3+ngram / mtp+ngram try prompt lookup first."),
+    "draft_max": DRAFT_MAX,
+    "fixed": Flag(bool, False, ("--fixed",), "Always draft --draft-max tokens (no adaptive length)."),
+    "p_min": Flag(float, 0.0, ("--p-min",), "Draft model / MTP: stop a draft at a token below this probability (0: never)."),
+    "ctx": Flag(Optional[int], None, ("--ctx", "-c"), "Context size in tokens (default: the pair's, else 4096; bench: what the longest prompt needs)."),
+    "threads": Flag(int, 0, ("--threads", "-t"), "CPU threads (0: automatic)."),
+    "n_gpu_layers": Flag(int, -1, ("--n-gpu-layers", "-ngl"), "Target layers on the GPU (-1: all)."),
+    "kv": Flag(Optional[str], None, ("--kv",), "KV cache type: f16, q8_0, q4_0."),
+    "exact": Flag(bool, False, ("--exact",), "Byte-exact greedy on CPU: speculative output == plain output at any thread count (slower verify)."),
+}
+
+SAMPLING_FLAGS = {
+    "temp": Flag(float, 0.0, ("--temp",), "Temperature; 0 is greedy."),
+    "top_k": Flag(int, 40, ("--top-k",), "Keep the k most likely tokens (0: all)."),
+    "top_p": Flag(float, 1.0, ("--top-p",), "Keep the most likely tokens up to this probability mass (1: all)."),
+    "min_p": Flag(float, 0.0, ("--min-p",), "Drop tokens below this fraction of the top token's probability."),
+    "seed": Flag(Optional[int], None, ("--seed",), "Random seed for sampling (same seed, same output)."),
+}
+
+
+@dataclass
+class LoadFlags:
+    """Which model(s) to load and how: the flags every model-loading command takes."""
+
+    pair: str | None = None
+    model: str | None = None
+    drafter: str | None = None
+    spec: str = "auto"
+    draft_max: int | None = None
+    fixed: bool = False
+    p_min: float = 0.0
+    ctx: int | None = None
+    threads: int = 0
+    n_gpu_layers: int = -1
+    kv: str | None = None
+    exact: bool = False
+
+    def config(self):
+        """The RunConfig these flags ask for (a pair merged with the flags given)."""
+        from localflash.engine import config_from
+
+        return config_from(
+            self.pair, self.model, self.drafter, spec=self.spec, draft_max=self.draft_max, ctx=self.ctx,
+            threads=self.threads, n_gpu_layers=self.n_gpu_layers, kv=self.kv, adaptive=not self.fixed, p_min=self.p_min, exact=self.exact,
+        )
+
+
+@dataclass
+class SamplingFlags:
+    temp: float = 0.0
+    top_k: int = 40
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+
+    def params(self):
+        """The checked SamplingParams (a bad value is a one-line error)."""
+        from localflash.speculative.sampling import SamplingParams
+
+        return SamplingParams(temperature=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, seed=self.seed)
+
+
+GROUPS: dict[type, dict[str, Flag]] = {LoadFlags: LOAD_FLAGS, SamplingFlags: SAMPLING_FLAGS}
+
+
+@dataclass(frozen=True)
+class Use:
+    """A command's take on a group: other defaults, flags left out."""
+
+    defaults: dict
+    skip: tuple[str, ...]
+
+
+def use(*, skip: tuple[str, ...] = (), **defaults) -> Any:
+    """The default of a group parameter: ``use(temp=0.8)``, ``use(skip=("spec",))``."""
+    return Use(defaults, tuple(skip))
+
+
+def shared_options(fn):
+    """Expand each group parameter of ``fn`` into its flags; call ``fn`` with the filled groups."""
+    hints = typing.get_type_hints(fn)
+    params, groups = [], {}
+    for p in inspect.signature(fn).parameters.values():
+        group = hints.get(p.name)
+        if group not in GROUPS:
+            params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(p.name, p.annotation)))
+            continue
+        how = p.default if isinstance(p.default, Use) else Use({}, ())
+        flags = GROUPS[group]
+        unknown = set(how.defaults) - set(flags) | set(how.skip) - set(flags)
+        assert not unknown, f"{fn.__name__}: no such {group.__name__} flag(s): {sorted(unknown)}"
+        names = [f.name for f in fields(group) if f.name not in how.skip]
+        groups[p.name] = (group, names)
+        for name in names:
+            flag = flags[name]
+            params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=flag.type,
+                                            default=flag.option(how.defaults.get(name, inspect.Parameter.empty))))
+
+    @functools.wraps(fn)
+    def command(**kw):
+        for pname, (group, names) in groups.items():
+            kw[pname] = group(**{n: kw.pop(n) for n in names})
+        return fn(**kw)
+
+    command.__signature__ = inspect.Signature(params)
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    return command

@@ -1,0 +1,124 @@
+"""``localflash plan``: read the GGUF headers, resolve the GPUs, plan, print a Rich table or JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from localflash.plan import devices
+from localflash.errors import LocalflashError
+from localflash.formats.gguf_meta import read_meta
+from localflash.plan.fit import Plan, Wishes, make_plan, runtime_kwargs
+
+
+def plan_command(
+    pair: str | None = None,
+    target: str | None = None,
+    drafter: str | None = None,
+    vram: str | None = None,
+    gpus: str | None = None,
+    ctx: int | None = None,
+    kv: str | None = None,
+    split: str = "layer",
+    draft_max: int | None = None,
+    margin: str = "512MiB",
+    json_out: bool = False,
+    console: Console | None = None,
+    detected: list[devices.Gpu] | None = None,
+    host: devices.HostMemory | None = None,
+    mtp: bool | None = None,
+) -> Plan:
+    """Plan ``--pair NAME`` or ``--target T [--drafter D]`` and print it (``detected``/``host`` override probing).
+
+    ``mtp``: price MTP drafting with the target's nextn block; None: when the target has one and no drafter is
+    given (what ``run --spec auto`` loads), or when the pair's kind is mtp."""
+    out = console or Console(highlight=False)
+    warnings = []
+    if pair:
+        if target or drafter:
+            raise LocalflashError("--pair and --target/--drafter both given", hint="use one or the other")
+        from localflash.registry.pairs import get_pair
+
+        p = get_pair(pair)
+        target_path, drafter_path = p.target, p.drafter
+        ctx = p.ctx if ctx is None else ctx
+        if mtp is None and p.kind.startswith("mtp"):
+            mtp = True
+        draft_max = p.draft_max if draft_max is None else draft_max
+        if drafter_path is not None and not Path(drafter_path).exists() and p.derive:
+            warnings.append(f"drafter {drafter_path.name} is made on first use; planned without it")
+            drafter_path = None
+    elif target:
+        target_path, drafter_path = Path(target), Path(drafter) if drafter else None
+    else:
+        raise LocalflashError("nothing to plan", hint="give --pair NAME or --target FILE [--drafter FILE]")
+
+    t_meta = read_meta(target_path)
+    d_meta = read_meta(drafter_path) if drafter_path else None
+    found = devices.detect() if detected is None else detected
+    chosen = devices.select_gpus(found, vram=vram, gpus=gpus)
+    if mtp is None:
+        mtp = drafter_path is None and t_meta.n_layer_nextn > 0
+    if mtp and not t_meta.n_layer_nextn:
+        raise LocalflashError(f"{Path(target_path).name} has no MTP (nextn) layers to plan for", hint="drop --mtp")
+    wishes = Wishes(ctx=ctx, kv=kv, split=split, margin=devices.parse_size(margin), mtp=mtp)
+    if mtp and draft_max is None:
+        from localflash.archs import MTP_DRAFT_MAX
+
+        draft_max = MTP_DRAFT_MAX
+    if draft_max is not None:
+        wishes.n_draft = draft_max
+    plan = make_plan(t_meta, d_meta, chosen, host or devices.host_memory(), wishes)
+    plan.warnings[:0] = warnings
+    if not chosen:
+        plan.warnings.append("no GPU found (or nvidia-ml-py missing): planned for host RAM only")
+    if json_out:
+        import json
+
+        doc = json.loads(plan.to_json())
+        doc["runtime_kwargs"] = runtime_kwargs(plan)
+        out.print_json(json.dumps(doc))
+    else:
+        print_plan(plan, out)
+    return plan
+
+
+def print_plan(plan: Plan, out: Console) -> None:
+    from rich import box
+
+    gib = lambda n: f"{n / 1024**3:.2f}"  # noqa: E731
+    title = Path(plan.target).name + (f" + {Path(plan.drafter).name}" if plan.drafter else "")
+    t = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
+              caption="GiB; runtime = CUDA context and "
+              "pool on GPUs, output buffers on the host")
+    for col in ("device", "target", "KV", "compute", "drafter", "runtime", "used", "budget", "free"):
+        t.add_column(col, justify="left" if col == "device" else "right", no_wrap=True)
+    for row in [*plan.devices, plan.host]:
+        drafter = row.drafter_weights + row.drafter_kv + row.drafter_compute
+        style = "red" if row.free < 0 else "green"
+        label = f"GPU{row.index}" if row.index is not None else "host"
+        t.add_row(label, gib(row.target_weights), gib(row.target_kv), gib(row.target_compute), gib(drafter),
+                  gib(row.overhead), gib(row.used), gib(row.budget), f"[{style}]{gib(row.free)}[/]")
+    out.print(t)
+    for row in [*plan.devices, plan.host]:
+        label = f"GPU{row.index} ({row.name.split(' ', 1)[-1]})" if row.index is not None else "host"
+        out.print(f"{label}: {row.layers}", style="dim")
+    settings = (f"n_ctx {plan.n_ctx}, KV {plan.type_k}, n_gpu_layers {plan.n_gpu_layers}, split {plan.split_mode}"
+                + (f" {plan.tensor_split}" if plan.tensor_split else "") + f", main_gpu {plan.main_gpu}")
+    if plan.drafter:
+        where = f"GPU{plan.drafter_device}" if plan.drafter_device is not None else "host"
+        settings += f"; drafter on {where}, n_ctx {plan.drafter_n_ctx}, KV {plan.drafter_type_kv}"
+    if plan.mtp:
+        settings += f"; drafter: the target's MTP block (MTP context n_ctx {plan.n_ctx}, KV {plan.type_k})"
+    out.print(settings)
+    if plan.tensor_overrides:
+        out.print("tensor overrides: " + ", ".join(f"{rx} -> {buf}" for rx, buf in plan.tensor_overrides))
+    options = ", ".join(f"{n} with {kv}" for kv, n in plan.context_options.items() if n)
+    if options:
+        out.print(f"largest context that fits this placement: {options}")
+    for c in plan.changes:
+        out.print(f"[yellow]•[/] {c.setting} = {c.value}: {c.reason}")
+    for w in plan.warnings:
+        out.print(f"[red]warning:[/] {w}")

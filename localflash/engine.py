@@ -1,0 +1,267 @@
+"""From what the user asked (a pair, or target/drafter files and flags) to a ready Engine.
+
+``run``, ``chat`` and ``bench`` all load through :func:`open_engine`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from localflash.errors import LocalflashError
+from localflash.archs import DRAFT_MAX, LOOKUP, MODEL_DRAFTERS, RECURRENT_ARCHS, SPECS, SYNTHETIC, base_kind, kind_of_drafter_arch
+from localflash.registry.pairs import Pair, get_pair
+
+EXACT_MAX_ROWS = 63  # in exact mode: a verify batch of 64+ rows takes ggml's tiled flash attention, which rounds differently
+
+
+@dataclass
+class RunConfig:
+    target: Path
+    drafter: Path | None = None
+    spec: str = "auto"  # auto = the pair's drafter kind, or guessed from the drafter file
+    draft_max: int | None = None
+    adaptive: bool = True
+    ctx: int = 4096
+    kv: str = "f16"
+    n_gpu_layers: int = -1
+    threads: int = 0
+    p_min: float = 0.0
+    derive: str | None = None  # requantize the target into this type to make the drafter
+    pair: str | None = None
+    vram: str | None = None  # budget override, e.g. "24GiB" (default: detected)
+    gpus: str | None = None  # "0,1" or "24GiB,24GiB"
+    exact: bool = False  # byte-exact greedy on CPU: see exact_options()
+
+
+def config_from(pair: str | None, target: str | None, drafter: str | None, **flags) -> RunConfig:
+    """Merge a models.toml pair with explicit flags (flags win when given)."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    if pair:
+        p: Pair = get_pair(pair)
+        cfg = RunConfig(
+            target=p.target,
+            drafter=p.drafter,
+            spec=p.kind if p.kind != "none" else "none",
+            draft_max=p.draft_max,
+            ctx=p.ctx,
+            derive=p.derive,
+            pair=p.name,
+        )
+        if given.get("spec") == "auto":
+            given.pop("spec")
+    elif target:
+        cfg = RunConfig(target=Path(target))
+    else:
+        raise LocalflashError("name a model", hint="use --pair NAME (see `localflash models`) or --model FILE.gguf")
+    if target and pair:
+        cfg.target = Path(target)
+    if drafter:
+        cfg.drafter = Path(drafter)
+        cfg.derive = None
+    cfg = replace(cfg, **given)
+    if cfg.spec not in SPECS:
+        raise LocalflashError(f"unknown --spec {cfg.spec!r}", hint=f"use one of {', '.join(SPECS)}")
+    if cfg.draft_max is not None and not 0 <= cfg.draft_max <= 64:
+        raise LocalflashError(f"--draft-max must be in 0..64, got {cfg.draft_max}")
+    if not 0.0 <= cfg.p_min < 1.0:
+        raise LocalflashError(f"--p-min must be in [0, 1), got {cfg.p_min:g}")
+    if cfg.exact and cfg.draft_max is not None and cfg.draft_max + 1 > EXACT_MAX_ROWS:
+        raise LocalflashError(f"--exact verifies at most {EXACT_MAX_ROWS} rows at once, so --draft-max must be at most "
+                              f"{EXACT_MAX_ROWS - 1}, got {cfg.draft_max}")
+    if cfg.ctx < 16:
+        raise LocalflashError(f"-c/--ctx must be at least 16, got {cfg.ctx}")
+    return cfg
+
+
+# weight types ggml's CPU backend multiplies by 2+ rows with llamafile's sgemm and by one row with vec_dot
+SGEMM_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL"}
+
+
+def exact_row_padding(target: Path, threads: int) -> bool:
+    """Whether exact mode must pad one-row decodes to two rows for this target and thread count.
+
+    Needed with more than one thread (a single row's attention is split over the threads past
+    512 cached tokens) or when a matmul weight is of a type llamafile's sgemm takes (one row goes
+    to vec_dot instead). A K-quant file at one thread needs neither, and padding doubles the
+    CPU work of a one-row decode there (benchmarks/conformance/exact_cost.py).
+    """
+    from localflash.formats.gguf_meta import read_meta
+    from localflash.llama import check_gguf, default_threads
+
+    if (threads or default_threads()) != 1:
+        return True
+    meta = read_meta(check_gguf(target))
+    tied = not any(t.name == "output.weight" for t in meta.tensors)
+    return any(t.type in SGEMM_TYPES for t in meta.tensors
+               if len(t.shape) >= 2 and (not t.name.startswith("token_embd.") or tied))
+
+
+def exact_options(exact: bool, arch: str | None = None, pad: bool = True) -> tuple[dict, dict]:
+    """(ModelOptions, ContextOptions) keywords of the target for exact mode, or none.
+
+    Exact mode makes a row's logits on the CPU independent of how many rows its batch has,
+    so speculative greedy output equals plain greedy output byte for byte, at any thread
+    count: no CPU weight repacking; ggml's tiled K-quant matmul off (process-wide, see
+    ``use_exact_numerics``); flash attention on (without it K·Q goes through a matmul whose
+    kernel depends on the batch); and no one-row decodes (padded to two rows, which keeps them
+    on the batch kernels: llamafile's sgemm and the unsplit attention; ``pad``, see
+    ``exact_row_padding``: not needed for a K-quant file at one thread). Recurrent/hybrid
+    targets cannot drop a padding row, so they decode one row on one thread instead (the
+    split attention is then one chunk); their recurrent kernels are not claimed exact.
+    benchmarks/conformance/check_batch_invariance.py measures each setting; docs/benchmarks.md has the figures.
+    """
+    if not exact:
+        return {}, {}
+    from localflash.llama import use_exact_numerics
+
+    use_exact_numerics()
+    rows = {"n_threads_single": 1} if arch in RECURRENT_ARCHS else {"min_rows": 2} if pad else {}
+    return {"use_extra_bufts": False}, {"flash_attn": 1, **rows}
+
+
+def drafter_kind(cfg: RunConfig, drafter_arch: str | None, target_has_mtp: bool = False) -> str:
+    if cfg.spec != "auto":
+        return cfg.spec
+    if cfg.drafter is None and cfg.derive is None:
+        return "mtp" if target_has_mtp else "ngram"
+    return kind_of_drafter_arch(drafter_arch)
+
+
+def ensure_drafter_file(cfg: RunConfig) -> Path | None:
+    """The drafter path, deriving it (a requantized target) on first use."""
+    if cfg.derive and cfg.drafter is not None and not cfg.drafter.exists():
+        from localflash.llama.quantize import quantize
+
+        quantize(cfg.target, cfg.drafter, cfg.derive)
+    return cfg.drafter
+
+
+def open_engine(cfg: RunConfig, target=None):
+    """Load target and drafter and return an Engine (caller closes it).
+
+    ``target``: an already loaded target Model to share (``bench`` runs one context per mode on it).
+    """
+    from localflash.llama import Context, ContextOptions, Model, ModelOptions, verbose
+    from localflash.llama.rollback import check_snapshot_depth
+    from localflash.speculative.dflash import DFlashDrafter
+    from localflash.speculative.draft_model import DraftModelDrafter
+    from localflash.speculative.drafter import LookupFirstDrafter, NgramDrafter
+    from localflash.speculative.eagle3 import Eagle3Drafter
+    from localflash.speculative.loop import Engine
+    from localflash.speculative.mtp import MtpDrafter
+    from localflash.plan.fit import runtime_kwargs
+
+    drafter_path = ensure_drafter_file(cfg) if base_kind(cfg.spec) in ("auto", *MODEL_DRAFTERS) else None
+    n_nextn = nextn_layers(cfg.target)
+    kind = drafter_kind(cfg, _arch_of(drafter_path), target_has_mtp=n_nextn > 0)
+    lookup = kind.endswith(LOOKUP)
+    kind = base_kind(kind)
+    if kind == "mtp" and not n_nextn:
+        raise LocalflashError(
+            f"{cfg.target.name} has no MTP (nextn) layers, so --spec mtp cannot draft with it",
+            hint="Qwen3.5/3.6 GGUFs converted with their MTP block have them; otherwise use --spec ngram, draft or dflash",
+        )
+    if kind in MODEL_DRAFTERS and drafter_path is None:
+        raise LocalflashError(f"--spec {kind} needs a drafter file", hint="pass --drafter PATH or use a pair")
+    synthetic = kind.startswith(SYNTHETIC)  # bench only: "synthetic@ALPHA", an oracle drafter
+    max_draft = DRAFT_MAX[SYNTHETIC if synthetic else kind]
+    if cfg.draft_max is not None:
+        max_draft = min(max_draft, cfg.draft_max) if kind == "dflash" else cfg.draft_max
+    check_snapshot_depth(_arch_of(cfg.target) or "", max_draft, 512)
+    plan = plan_for(cfg, drafter_path if kind in MODEL_DRAFTERS else None, max_draft, mtp=kind == "mtp")
+    kw = runtime_kwargs(plan)
+    exact_model, exact_ctx = exact_options(cfg.exact, target.arch if target is not None else _arch_of(cfg.target),
+                                           pad=cfg.exact and exact_row_padding(cfg.target, cfg.threads))
+    if target is not None and cfg.exact and target.options.use_extra_bufts:
+        raise LocalflashError("exact mode needs the target loaded without CPU weight repacking (ModelOptions(use_extra_bufts=False))")
+    if target is None:
+        n_gpu_layers = kw["n_gpu_layers"] if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
+        target = Model(
+            cfg.target,
+            ModelOptions(
+                n_gpu_layers=n_gpu_layers,
+                split_mode=kw["split_mode"],
+                main_gpu=kw["main_gpu"],
+                tensor_split=kw["tensor_split"],
+                tensor_overrides=kw["tensor_buft_overrides"] or None,
+                load_mtp=kind == "mtp",
+                **exact_model,
+            ),
+        )
+    drafter_model = None
+    if kind in MODEL_DRAFTERS:
+        d = kw["drafter"] or {}
+        drafter_model = Model(drafter_path, ModelOptions(n_gpu_layers=d.get("n_gpu_layers", -1), split_mode=0, main_gpu=d.get("main_gpu", 0)))
+    n_rs = plan.n_rs_seq  # the plan prices it; a hybrid target's verify cut goes back at most max_draft
+    ctx = Context(
+        target,
+        ContextOptions(
+            n_ctx=plan.n_ctx,
+            n_batch=plan.n_batch,
+            n_ubatch=plan.n_ubatch,
+            n_outputs_max=max(max_draft + 1, 1),
+            n_threads=cfg.threads,
+            type_k=plan.type_k,
+            type_v=plan.type_v,
+            n_rs_seq=n_rs,
+            **exact_ctx,
+        ),
+    )
+    drafter_ctx = min(plan.drafter_n_ctx or plan.n_ctx, plan.n_ctx)
+    if kind == "dflash":
+        drafter = DFlashDrafter(drafter_model, target, ctx, drafter_ctx + 16, n_threads=cfg.threads, p_min=cfg.p_min)
+    elif kind == "eagle3":
+        drafter = Eagle3Drafter(drafter_model, target, ctx, drafter_ctx + max_draft + 1, max_draft, cfg.p_min, n_threads=cfg.threads)
+    elif kind == "draft":
+        drafter = DraftModelDrafter(drafter_model, target, drafter_ctx, max_draft, cfg.p_min, n_threads=cfg.threads)
+    elif kind == "mtp":
+        drafter = MtpDrafter(target, ctx, plan.n_ctx, max_draft, cfg.p_min, n_threads=cfg.threads, kv=plan.type_k)
+    elif kind == "ngram":
+        drafter = NgramDrafter(max_draft)
+    elif synthetic:
+        from localflash.speculative.synthetic import SyntheticDrafter
+
+        drafter = SyntheticDrafter(float(kind.partition("@")[2]), max_draft, target.n_vocab)
+    else:
+        drafter = None
+    if lookup:
+        drafter = LookupFirstDrafter(drafter)
+    engine = Engine(target, ctx, drafter, adaptive=cfg.adaptive, draft_max=max_draft)
+    engine.plan = plan
+    if verbose():
+        import sys
+
+        sys.stderr.write(f"localflash: target cache rollback: {ctx.describe_rollback()}\n")
+    return engine
+
+
+def plan_for(cfg: RunConfig, drafter_path: Path | None, max_draft: int, mtp: bool = False):
+    """The VRAM/RAM plan this run loads with (the same one `localflash plan` prints)."""
+    from localflash.plan import devices
+    from localflash.formats.gguf_meta import read_meta
+    from localflash.llama import check_gguf
+    from localflash.plan.fit import Wishes, make_plan
+
+    t_meta = read_meta(check_gguf(cfg.target))
+    d_meta = read_meta(check_gguf(drafter_path)) if drafter_path else None
+    chosen = devices.select_gpus(devices.detect(), vram=cfg.vram, gpus=cfg.gpus)
+    wishes = Wishes(ctx=cfg.ctx, kv=cfg.kv, n_draft=max(max_draft, 1), mtp=mtp)
+    return make_plan(t_meta, d_meta, chosen, devices.host_memory(), wishes)
+
+
+def nextn_layers(path: Path) -> int:
+    """MTP (nextn) blocks in the target file (0 when it has none or cannot be read here)."""
+    from localflash.formats.gguf_meta import read_meta
+    from localflash.llama import check_gguf
+
+    return read_meta(check_gguf(path)).n_layer_nextn
+
+
+def _arch_of(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    from localflash.formats.gguf_meta import read_meta
+    from localflash.llama import check_gguf
+
+    return read_meta(check_gguf(path)).arch

@@ -1,0 +1,1 @@
+"""File formats: GGUF metadata (read without weights), the DFlash drafter GGUF, HF checkpoints (safetensors)."""

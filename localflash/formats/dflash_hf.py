@@ -1,0 +1,771 @@
+"""DFlash drafters between Hugging Face checkpoints and llama.cpp GGUF files.
+
+A z-lab style checkpoint is ``config.json`` (``DFlashDraftModel``, a Qwen3
+decoder config plus ``dflash_config``) and safetensors with top-level names
+(``fc``, ``hidden_norm``, ``norm``, ``layers.N.*``) and no embedding or LM
+head: those are the target's. llama.cpp's ``dflash`` arch wants the same
+weights under GGUF names, the tokenizer of the target, and:
+
+- ``dflash.target_layers``: the HF ``target_layer_ids`` **plus one**, because
+  llama.cpp taps layer *inputs* (the input of layer i+1 is the output of
+  layer i, which is what ``hidden_states[i + 1]`` holds in Transformers);
+- ``dflash.block_size``, ``tokenizer.ggml.mask_token_id``;
+- ``attention.sliding_window`` + ``dflash.attention.sliding_window_pattern``
+  for sliding layers, ``dflash.attention.causal`` only when the checkpoint
+  says so (llama.cpp has one causal flag for all layers: without it every
+  layer, sliding ones included, is bidirectional inside the block);
+- rope theta/scaling, RMS-norm epsilon, head sizes.
+
+Reduced-vocabulary drafters carry their own ``lm_head`` and a ``d2t`` map;
+HF (speculators) stores ``d2t`` as offsets (target = draft + d2t[draft]),
+GGUF as absolute target ids.
+
+Safetensors are read and written here with NumPy (bf16 included), so
+conversion needs neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from localflash.errors import LocalflashError
+from localflash.testing.tiny import DFlash2Spec, DFlashSpec, LazyTensor, write_dflash_gguf
+
+QUANTS = ("Q4_K_M", "Q8_0", "F16", "F32")
+HF_DTYPES = ("bf16", "f16", "f32")
+
+_TOP = {
+    "fc.weight": "fc.weight",
+    "hidden_norm.weight": "enc.output_norm.weight",
+    "norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "embed_tokens.weight": "token_embd.weight",
+}
+_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+# DFlash2 (z-lab/inco.ai ``DFlash2DraftModel``): two-tap dynamic convolutions per layer, a candidate selector
+_TOP_DFLASH2 = {
+    "candidate_selector.predecessor_codebook": "selector_predecessor.weight",  # stored without ".weight"
+    "candidate_selector.successor_codebook": "selector_successor.weight",
+    "candidate_selector.hidden_projection.weight": "selector_hidden.weight",
+}
+_LAYER_DFLASH2 = {
+    "attention_conv.base_kernel": "attn_conv_base",
+    "attention_conv.kernel_projection.weight": "attn_conv_proj.weight",
+    "mlp_conv.base_kernel": "ffn_conv_base",
+    "mlp_conv.kernel_projection.weight": "ffn_conv_proj.weight",
+}
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+_TOP.update(_TOP_DFLASH2)
+_LAYER.update(_LAYER_DFLASH2)
+_GGUF_TOP = {v: k for k, v in _TOP.items()}
+_GGUF_LAYER = {v: k for k, v in _LAYER.items()}
+# keys of DFlash variants this converter does not handle (DSpark, Gemma knobs)
+_UNSUPPORTED = {
+    "markov_head_type": "a DSpark checkpoint",
+    "output_multiplier": "an output multiplier (Gemma targets)",
+    "final_logit_softcapping": "logit softcapping (Gemma targets)",
+    "attention_sink_bias": "attention sinks",
+    "attention_value_scale": "an attention value scale",
+    "partial_rotary_factor": "partial rotary embeddings",
+}
+
+
+def build_target_layer_ids(n_target_layers: int, n_feats: int) -> list[int]:
+    """z-lab's default taps (HF convention): spread between layer 1 and layer N-3."""
+    if n_feats == 1:
+        return [n_target_layers // 2]
+    start, end = 1, n_target_layers - 3
+    return [int(round(start + i * (end - start) / (n_feats - 1))) for i in range(n_feats)]
+
+
+def hf_to_gguf_name(name: str) -> str | None:
+    """GGUF name of an HF drafter tensor; None for tensors llama.cpp does not use (t2d)."""
+    name = name.removeprefix("model.")
+    if name.removesuffix(".weight") in _TOP_DFLASH2:  # codebooks saved either way
+        name = name.removesuffix(".weight") if name.endswith("codebook.weight") else name
+    if name in _TOP:
+        return _TOP[name]
+    if name in ("d2t",):
+        return "d2t"
+    if name == "t2d":
+        return None
+    m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
+    if m and m.group(2) in _LAYER:
+        return f"blk.{m.group(1)}.{_LAYER[m.group(2)]}"
+    raise LocalflashError(
+        f"unexpected tensor {name!r} in the checkpoint",
+        hint="convert-drafter handles DFlash and DFlash2 drafters: fc, hidden_norm, norm, Qwen3 decoder layers (+ conv, selector)",
+    )
+
+
+def gguf_to_hf_name(name: str) -> str:
+    if name in _GGUF_TOP:
+        return _GGUF_TOP[name]
+    if name == "d2t":
+        return "d2t"
+    m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
+    if m and m.group(2) in _GGUF_LAYER:
+        return f"layers.{m.group(1)}.{_GGUF_LAYER[m.group(2)]}"
+    raise LocalflashError(f"unexpected tensor {name!r} in the GGUF drafter", hint="--to-hf handles DFlash and DFlash2 drafters")
+
+
+# -- safetensors, NumPy only --------------------------------------------------------------
+_ST_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
+}
+
+
+class SafetensorsFile:
+    """One ``.safetensors`` file, memory-mapped; tensors come out as NumPy (bf16 -> float32)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            with path.open("rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                if not 0 < n < 100_000_000:
+                    raise ValueError("bad header length")
+                header = json.loads(f.read(n))
+        except (OSError, ValueError) as e:
+            raise LocalflashError(f"{path.name} is not a readable safetensors file ({e})") from e
+        header.pop("__metadata__", None)
+        self.header = header
+        self.base = 8 + n
+        self._map = np.memmap(path, dtype=np.uint8, mode="r")
+
+    def keys(self) -> list[str]:
+        return list(self.header)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.header[name]["shape"])
+
+    def dtype(self, name: str) -> str:
+        return self.header[name]["dtype"]
+
+    def get(self, name: str) -> np.ndarray:
+        info = self.header[name]
+        if info["dtype"] not in _ST_DTYPES:
+            raise LocalflashError(f"{self.path.name}: tensor {name} has unsupported dtype {info['dtype']}")
+        b, e = info["data_offsets"]
+        raw = self._map[self.base + b : self.base + e]
+        arr = raw.view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
+        if info["dtype"] == "BF16":
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        return arr
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), rounding to nearest even."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    bias = 0x7FFF + ((u >> 16) & 1)
+    return ((u + bias) >> 16).astype(np.uint16)
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray], float_dtype: str = "bf16", metadata: dict | None = None) -> None:
+    """Write ``tensors`` (floats converted to ``float_dtype``; ints and bools kept) as one safetensors file."""
+    names = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
+    header: dict = {"__metadata__": {"format": "pt", **(metadata or {})}}
+    blobs = []
+    off = 0
+    for name, arr in tensors.items():
+        arr = np.asarray(arr)
+        if arr.dtype.kind == "f":
+            if float_dtype == "bf16":
+                data, dt = to_bf16_bits(arr), "BF16"
+            else:
+                data, dt = np.ascontiguousarray(arr, dtype=np.float16 if float_dtype == "f16" else np.float32), names[float_dtype]
+        else:
+            dt = {np.dtype(v): k for k, v in _ST_DTYPES.items() if k != "BF16"}[arr.dtype]
+            data = np.ascontiguousarray(arr)
+        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + data.nbytes]}
+        blobs.append(data)
+        off += data.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with path.open("wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for data in blobs:
+            f.write(data.tobytes())
+
+
+@dataclass
+class Checkpoint:
+    """An HF drafter directory: its config and lazily loaded tensors."""
+
+    dir: Path
+    config: dict
+    files: dict[str, SafetensorsFile]  # tensor name -> file holding it
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.files[name].shape(name)
+
+    def get(self, name: str) -> np.ndarray:
+        return self.files[name].get(name)
+
+
+def read_checkpoint(hf_dir: str | Path) -> Checkpoint:
+    """Open an HF drafter directory; every listed shard must be present."""
+    d = Path(hf_dir).expanduser()
+    if not d.is_dir():
+        raise LocalflashError(f"not a directory: {d}", hint="pass the folder holding config.json and *.safetensors")
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise LocalflashError(f"{d} has no config.json", hint="pass a Hugging Face checkpoint folder")
+    try:
+        config = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise LocalflashError(f"{cfg_path} is not valid JSON ({e.msg} at line {e.lineno})") from e
+    check_is_dflash(config, d)
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+        shards = sorted(set(weight_map.values()))
+        missing = [s for s in shards if not (d / s).is_file()]
+        if missing:
+            raise LocalflashError(
+                f"missing safetensors shard {missing[0]} (listed in {index.name}; {len(missing)} of {len(shards)} missing)",
+                hint="download the whole checkpoint folder",
+            )
+    else:
+        shards = sorted(p.name for p in d.glob("*.safetensors"))
+        if not shards:
+            bins = list(d.glob("*.bin"))
+            raise LocalflashError(
+                f"no safetensors weights in {d}" + (" (only PyTorch .bin files)" if bins else ""),
+                hint="convert-drafter reads *.safetensors checkpoints",
+            )
+    files: dict[str, SafetensorsFile] = {}
+    for shard in shards:
+        st = SafetensorsFile(d / shard)
+        for name in st.keys():
+            files[name] = st
+    if index.is_file():
+        absent = [n for n in weight_map if n not in files]
+        if absent:
+            raise LocalflashError(f"tensor {absent[0]} is listed in {index.name} but missing from its shard")
+    return Checkpoint(d, config, files)
+
+
+def check_is_dflash(config: dict, where: Path | str) -> None:
+    archs = config.get("architectures") or []
+    if not any("dflash" in str(a).lower() for a in archs) and "dflash_config" not in config:
+        what = ", ".join(map(str, archs)) or config.get("model_type") or "unknown"
+        raise LocalflashError(
+            f"{where} is not a DFlash drafter checkpoint (architecture: {what})",
+            hint="convert-drafter converts DFlash drafters (config.json with dflash_config); for a draft model use a GGUF of it with --spec draft",
+        )
+    dcfg = config.get("dflash_config") or {}
+    for key, what in _UNSUPPORTED.items():
+        if config.get(key) is not None or dcfg.get(key) is not None:
+            raise LocalflashError(f"{where} is {what}, which this converter does not handle", hint="DFlash and DFlash2 drafters are supported")
+
+
+# -- config <-> spec --------------------------------------------------------------------------
+@dataclass
+class DrafterInfo:
+    """What a drafter needs from outside its tensors (target shape, vocabulary)."""
+
+    spec: DFlashSpec
+    vocab_size: int
+    n_target_layers: int | None
+    draft_vocab_size: int | None = None  # set when the drafter ships its own (reduced) head
+
+
+def spec_from_hf(config: dict, ckpt: Checkpoint | None = None) -> DrafterInfo:
+    """A :class:`DFlashSpec` (llama.cpp conventions) from an HF drafter config."""
+    c = {**config, **(config.get("text_config") or {})}
+    d = c.get("dflash_config") or {}
+    try:
+        hidden = int(c["hidden_size"])
+        n_layer = int(c["num_hidden_layers"])
+        n_head = int(c["num_attention_heads"])
+        ff = int(c["intermediate_size"])
+    except KeyError as e:
+        raise LocalflashError(f"config.json lacks {e.args[0]}", hint="is this a complete DFlash drafter config?") from e
+    n_head_kv = int(c.get("num_key_value_heads") or n_head)
+    head_dim = int(c.get("head_dim") or hidden // n_head)
+    if (act := c.get("hidden_act", "silu")) != "silu":
+        raise LocalflashError(f"hidden_act {act!r} is not supported (silu is)")
+    if c.get("attention_bias"):
+        raise LocalflashError("attention_bias is not supported by the dflash arch")
+    mask = d.get("mask_token_id", c.get("mask_token_id"))
+    if mask is None:
+        raise LocalflashError("config.json names no dflash_config.mask_token_id", hint="DFlash drafters need their mask token id")
+    ids = d.get("target_layer_ids", c.get("target_layer_ids"))
+    n_target = c.get("num_target_layers")
+    if not ids:
+        fc = next((n for n in (ckpt.files if ckpt else {}) if n.removeprefix("model.") == "fc.weight"), None)
+        if fc is None or n_target is None:
+            raise LocalflashError("config.json names no dflash_config.target_layer_ids (and no num_target_layers to derive them)")
+        ids = build_target_layer_ids(int(n_target), ckpt.shape(fc)[1] // hidden)
+    rope = c.get("rope_parameters") or {}
+    theta = float(c.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+    scaling = c.get("rope_scaling") or (rope if rope.get("rope_type") not in (None, "default") else None)
+    if scaling and (scaling.get("rope_type") or scaling.get("type")) in (None, "default"):
+        scaling = None
+    if scaling and (scaling.get("rope_type") or scaling.get("type")) not in ("linear", "yarn"):
+        raise LocalflashError(f"rope scaling {scaling.get('rope_type') or scaling.get('type')!r} is not supported (linear and yarn are)")
+    layer_types = c.get("layer_types") or []
+    if d.get("use_swa"):
+        swa_layers = [True] * n_layer
+    else:
+        swa_layers = [t == "sliding_attention" for t in layer_types] if layer_types else [False] * n_layer
+    if len(swa_layers) != n_layer:
+        raise LocalflashError(f"layer_types has {len(swa_layers)} entries for {n_layer} layers")
+    window = int(d.get("swa_window_size") or c.get("sliding_window") or 0) if any(swa_layers) else 0
+    if any(swa_layers) and not window:
+        raise LocalflashError("config.json has sliding_attention layers but no sliding_window size")
+    causal = c.get("is_causal")
+    if causal is None:
+        causal = d.get("causal")
+    dflash2 = {k: int(d[k]) for k in DFLASH2_KEYS if d.get(k) is not None}
+    if dflash2 and len(dflash2) != len(DFLASH2_KEYS):
+        missing = [k for k in DFLASH2_KEYS if k not in dflash2]
+        raise LocalflashError(f"config.json is a DFlash2 drafter without dflash_config.{missing[0]}", hint=f"DFlash2 needs {', '.join(DFLASH2_KEYS)}")
+    spec = (DFlash2Spec if dflash2 else DFlashSpec)(
+        **dflash2,
+        n_embd=hidden,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=ff,
+        target_layers=[int(i) + 1 for i in ids],
+        block_size=int(d.get("block_size") or c.get("block_size") or 16),
+        mask_token_id=int(mask),
+        rope_theta=theta,
+        swa_window=window,
+        swa_layers=swa_layers if window else None,
+        n_ctx_train=int(c.get("max_position_embeddings") or 4096),
+        rms_eps=float(c.get("rms_norm_eps") or 1e-6),
+        causal=None if causal is None else bool(causal),
+        key_length=head_dim if head_dim != hidden // n_head else None,
+        rope_scaling=dict(scaling) if scaling else None,
+        embedding_scale=float(d.get("input_embedding_scale", c.get("input_embedding_scale")) or 0.0),
+    )
+    vocab = int(c.get("vocab_size") or 0)
+    draft_vocab = c.get("draft_vocab_size")
+    return DrafterInfo(spec, vocab, None if n_target is None else int(n_target), int(draft_vocab) if draft_vocab and int(draft_vocab) != vocab else None)
+
+
+def hf_config(info: DrafterInfo) -> dict:
+    """An HF ``config.json`` for a drafter (z-lab layout, what vLLM and SGLang load)."""
+    s = info.spec
+    dcfg: dict = {"mask_token_id": s.mask_token_id, "target_layer_ids": [i - 1 for i in s.target_layers], "block_size": s.block_size}
+    dcfg.update(s.dflash2_keys() if isinstance(s, DFlash2Spec) else {})
+    if s.causal is not None:
+        dcfg["causal"] = s.causal
+    if s.embedding_scale:
+        dcfg["input_embedding_scale"] = s.embedding_scale
+    cfg = {
+        "architectures": ["DFlash2DraftModel" if isinstance(s, DFlash2Spec) else "DFlashDraftModel"],
+        "auto_map": {"AutoModel": f"dflash.{'DFlash2' if isinstance(s, DFlash2Spec) else 'DFlash'}DraftModel"},
+        "model_type": "qwen3",
+        "hidden_size": s.n_embd,
+        "intermediate_size": s.ff,
+        "num_attention_heads": s.n_head,
+        "num_key_value_heads": s.n_head_kv,
+        "head_dim": s.head_dim,
+        "num_hidden_layers": s.n_layer,
+        "block_size": s.block_size,
+        "dflash_config": dcfg,
+        "layer_types": ["sliding_attention" if s.swa_window and (s.swa_layers or [True] * s.n_layer)[i] else "full_attention" for i in range(s.n_layer)],
+        "rope_theta": s.rope_theta,
+        "rope_scaling": s.rope_scaling,
+        "max_position_embeddings": s.n_ctx_train,
+        "rms_norm_eps": s.rms_eps,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "vocab_size": info.vocab_size,
+    }
+    if info.n_target_layers is not None:
+        cfg["num_target_layers"] = info.n_target_layers
+    if s.swa_window:
+        cfg["sliding_window"] = s.swa_window
+        cfg["use_sliding_window"] = True
+    if info.draft_vocab_size:
+        cfg["draft_vocab_size"] = info.draft_vocab_size
+    return cfg
+
+
+# -- the target ---------------------------------------------------------------------------------
+@dataclass
+class TargetInfo:
+    path: Path
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_vocab: int
+
+
+def read_target(path: str | Path) -> TargetInfo:
+    from gguf import GGUFReader
+
+    from localflash.llama.runtime import check_gguf
+
+    p = check_gguf(path)
+    try:
+        r = GGUFReader(str(p))
+    except Exception as e:  # a truncated or foreign file
+        raise LocalflashError(f"could not read {p.name} as GGUF ({e})") from e
+
+    def val(key, default=None):
+        f = r.fields.get(key)
+        return f.contents() if f is not None else default
+
+    arch = val("general.architecture", "?")
+    n_layer = val(f"{arch}.block_count")
+    n_embd = val(f"{arch}.embedding_length")
+    tokens = r.fields.get("tokenizer.ggml.tokens")
+    if n_layer is None or n_embd is None or tokens is None:
+        raise LocalflashError(f"{p.name} lacks {arch}.block_count, embedding_length or a tokenizer", hint="--target must be the target model's GGUF")
+    if arch == "dflash":
+        raise LocalflashError(f"{p.name} is itself a DFlash drafter", hint="--target is the model the drafter speeds up")
+    return TargetInfo(p, arch, int(n_layer), int(n_embd), len(tokens.data))
+
+
+def check_against_target(info: DrafterInfo, target: TargetInfo, fc_in: int | None = None) -> None:
+    """Fail with one line when the drafter cannot serve ``target``."""
+    from localflash.archs import LAYER_INPUT_ARCHS
+
+    s = info.spec
+    name = target.path.name
+    if target.arch not in LAYER_INPUT_ARCHS:
+        raise LocalflashError(f"target arch {target.arch!r} cannot export layer inputs, which DFlash needs")
+    if s.n_embd != target.n_embd:
+        raise LocalflashError(f"drafter hidden size {s.n_embd} differs from {name}'s {target.n_embd}", hint="this drafter was made for another target")
+    if fc_in is not None and fc_in != len(s.target_layers) * target.n_embd:
+        raise LocalflashError(
+            f"fc takes {fc_in} features but {len(s.target_layers)} taps of {name} give {len(s.target_layers) * target.n_embd}",
+            hint="this drafter was made for another target",
+        )
+    if info.n_target_layers is not None and info.n_target_layers != target.n_layer:
+        raise LocalflashError(
+            f"drafter was trained on a {info.n_target_layers}-layer target but {name} has {target.n_layer} layers",
+            hint="this drafter was made for another target",
+        )
+    deepest = max(s.target_layers)
+    if deepest >= target.n_layer or min(s.target_layers) < 1:
+        raise LocalflashError(
+            f"drafter taps target layer {deepest - 1} (layer input {deepest}) but {name} has {target.n_layer} layers",
+            hint="this drafter was made for a deeper target",
+        )
+    if info.vocab_size and info.vocab_size != target.n_vocab:
+        raise LocalflashError(f"drafter vocabulary ({info.vocab_size}) differs from {name}'s ({target.n_vocab})", hint="this drafter was made for another target")
+    if not 0 <= s.mask_token_id < target.n_vocab:
+        raise LocalflashError(f"mask token {s.mask_token_id} is outside {name}'s vocabulary of {target.n_vocab}")
+
+
+# -- HF -> GGUF ---------------------------------------------------------------------------------
+def _check_tensors(ckpt: Checkpoint, info: DrafterInfo) -> None:
+    s = info.spec
+    hd = s.head_dim
+    want = {
+        "fc.weight": (s.n_embd, None),
+        "hidden_norm.weight": (s.n_embd,),
+        "norm.weight": (s.n_embd,),
+    }
+    for i in range(s.n_layer):
+        p = f"layers.{i}."
+        want.update({
+            p + "input_layernorm.weight": (s.n_embd,),
+            p + "post_attention_layernorm.weight": (s.n_embd,),
+            p + "self_attn.q_proj.weight": (s.n_head * hd, s.n_embd),
+            p + "self_attn.k_proj.weight": (s.n_head_kv * hd, s.n_embd),
+            p + "self_attn.v_proj.weight": (s.n_head_kv * hd, s.n_embd),
+            p + "self_attn.o_proj.weight": (s.n_embd, s.n_head * hd),
+            p + "self_attn.q_norm.weight": (hd,),
+            p + "self_attn.k_norm.weight": (hd,),
+            p + "mlp.gate_proj.weight": (s.ff, s.n_embd),
+            p + "mlp.up_proj.weight": (s.ff, s.n_embd),
+            p + "mlp.down_proj.weight": (s.n_embd, s.ff),
+        })
+        if isinstance(s, DFlash2Spec):
+            k, proj = s.conv_kernel_size, 2 * s.conv_kernel_size * (s.n_embd // s.conv_group_size)
+            for conv in ("attention_conv", "mlp_conv"):
+                want[p + conv + ".base_kernel"] = (2, k, s.n_embd)
+                want[p + conv + ".kernel_projection.weight"] = (proj, s.n_embd)
+    have = {n.removeprefix("model."): n for n in ckpt.files}
+    if isinstance(s, DFlash2Spec):
+        for n in list(have):
+            if n.endswith("codebook.weight"):
+                have[n.removesuffix(".weight")] = have.pop(n)
+        want["candidate_selector.predecessor_codebook"] = (info.vocab_size or None, s.selector_rank)
+        want["candidate_selector.successor_codebook"] = (info.vocab_size or None, s.selector_rank)
+        want["candidate_selector.hidden_projection.weight"] = (s.selector_rank, s.n_embd)
+    for name, shape in want.items():
+        if name not in have:
+            raise LocalflashError(f"the checkpoint lacks tensor {name}", hint="is a shard missing, or is this not a DFlash drafter?")
+        got = ckpt.shape(have[name])
+        if len(got) != len(shape) or any(w is not None and w != g for w, g in zip(shape, got)):
+            raise LocalflashError(f"tensor {name} has shape {list(got)}, the config implies {[w for w in shape]}")
+    extra_layers = {int(m.group(1)) for n in have if (m := re.match(r"layers\.(\d+)\.", n))} - set(range(s.n_layer))
+    if extra_layers:
+        raise LocalflashError(f"the checkpoint has layer {min(extra_layers)} but config.json says {s.n_layer} layers")
+    if info.draft_vocab_size:
+        for name in ("lm_head.weight", "d2t"):
+            if name not in have:
+                raise LocalflashError(f"draft_vocab_size is {info.draft_vocab_size} but the checkpoint has no {name}")
+
+
+def hf_to_gguf(
+    hf_dir: str | Path,
+    out: str | Path,
+    target: str | Path,
+    quant: str = "Q4_K_M",
+    on_tensor: Callable[[str, int, int], None] | None = None,
+    on_stage: Callable[[str], None] | None = None,
+) -> Path:
+    """Convert an HF DFlash drafter to a (quantized) ``dflash`` GGUF for ``target``."""
+    quant = quant.upper()
+    if quant not in QUANTS:
+        raise LocalflashError(f"unknown --quant {quant!r}", hint=f"use one of {', '.join(QUANTS)}")
+    ckpt = read_checkpoint(hf_dir)
+    info = spec_from_hf(ckpt.config, ckpt)
+    tgt = read_target(target)
+    _check_tensors(ckpt, info)
+    fc_name = next(n for n in ckpt.files if n.removeprefix("model.") == "fc.weight")
+    check_against_target(info, tgt, fc_in=ckpt.shape(fc_name)[1])
+
+    tensors: dict[str, LazyTensor] = {}
+    n_params = 0
+    names = [n for n in ckpt.files if hf_to_gguf_name(n) is not None]
+    total = len(names)
+    for k, hf_name in enumerate(names):
+        g = hf_to_gguf_name(hf_name)
+        shape = ckpt.shape(hf_name)
+        n_params += int(np.prod(shape))
+        if g == "d2t":
+            tensors[g] = LazyTensor((int(np.prod(shape)),), _d2t_loader(ckpt, hf_name, tgt.n_vocab, info.draft_vocab_size), integer=True)
+        else:
+            tensors[g] = LazyTensor(shape, _loader(ckpt, hf_name, g, k, total, on_tensor))
+    return write_quantized(out, info.spec, tensors, tgt.path, quant, name=Path(hf_dir).name,
+                           n_target_layers=info.n_target_layers, n_params=n_params, on_stage=on_stage)
+
+
+def write_quantized(
+    out: str | Path,
+    spec: DFlashSpec,
+    tensors: dict,
+    tokenizer_from: str | Path,
+    quant: str,
+    name: str | None = None,
+    n_target_layers: int | None = None,
+    n_params: int | None = None,
+    on_stage: Callable[[str], None] | None = None,
+) -> Path:
+    """Write a ``dflash`` GGUF at ``quant``: F32/F16 directly, else a float file quantized by llama.cpp."""
+    quant = quant.upper()
+    if quant not in QUANTS:
+        raise LocalflashError(f"unknown quantization {quant!r}", hint=f"use one of {', '.join(QUANTS)}")
+    out = Path(out).expanduser()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    direct = quant in ("F32", "F16")
+    if n_params is None:
+        n_params = sum(int(np.prod(v.shape)) for v in tensors.values())
+    float_type = quant if direct else ("F32" if n_params * 4 < 2 << 30 else "F16")
+    tmp = out if direct else out.with_name(out.name + f".{float_type.lower()}.tmp")
+    if on_stage:
+        on_stage(f"writing {float_type} GGUF")
+    try:
+        write_dflash_gguf(tmp, spec, tensors, tokenizer_from=tokenizer_from, float_type=float_type,
+                          name=name, n_target_layers=n_target_layers)
+        if not direct:
+            from localflash.llama.quantize import quantize
+
+            if on_stage:
+                on_stage(f"quantizing to {quant}")
+            quantize(tmp, out, quant)
+    finally:
+        if not direct and tmp.exists():
+            tmp.unlink()
+    return out
+
+
+def _loader(ckpt: Checkpoint, hf_name: str, g: str, k: int, total: int, on_tensor) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        arr = ckpt.get(hf_name)
+        if on_tensor:
+            on_tensor(g, k, total)
+        return arr
+
+    return load
+
+
+def _d2t_loader(ckpt: Checkpoint, hf_name: str, n_vocab: int, draft_vocab: int | None) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        off = np.asarray(ckpt.get(hf_name)).astype(np.int64).reshape(-1)
+        if draft_vocab and off.size != draft_vocab:
+            raise LocalflashError(f"d2t has {off.size} entries but draft_vocab_size is {draft_vocab}")
+        ids = off + np.arange(off.size, dtype=np.int64)
+        if ids.min() < 0 or ids.max() >= n_vocab or np.unique(ids).size != ids.size:
+            raise LocalflashError("d2t maps draft tokens outside the target vocabulary, or twice to one token")
+        return ids
+
+    return load
+
+
+# -- GGUF -> HF / NumPy ---------------------------------------------------------------------------
+def read_dflash_gguf(path: str | Path) -> tuple[DrafterInfo, dict[str, np.ndarray]]:
+    """Spec and tensors (float32, dequantized; ``d2t`` as int64 target ids) of a ``dflash`` GGUF."""
+    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf.quants import dequantize
+
+    from localflash.llama.runtime import check_gguf
+
+    p = check_gguf(path)
+    r = GGUFReader(str(p))
+
+    def val(key, default=None):
+        f = r.fields.get(key)
+        v = f.contents() if f is not None else default
+        return float(f"{v:.7g}") if isinstance(v, float) else v  # float32 keys: drop the binary tail
+
+    arch = val("general.architecture")
+    if arch != "dflash":
+        raise LocalflashError(f"{p.name} is a {arch!r} model, not a DFlash drafter")
+    a = "dflash"
+    n_layer = int(val(f"{a}.block_count"))
+    pattern = val(f"{a}.attention.sliding_window_pattern")
+    window = int(val(f"{a}.attention.sliding_window", 0) or 0)
+    scaling = None
+    if (kind := val(f"{a}.rope.scaling.type")) in ("linear", "yarn"):
+        scaling = {"rope_type": kind, "factor": float(val(f"{a}.rope.scaling.factor"))}
+        if kind == "yarn":
+            scaling["original_max_position_embeddings"] = int(val(f"{a}.rope.scaling.original_context_length"))
+            for hf_key, g in (("extrapolation_factor", "yarn_ext_factor"), ("attention_factor", "yarn_attn_factor"),
+                              ("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")):
+                if (v := val(f"{a}.rope.scaling.{g}")) is not None:
+                    scaling[hf_key] = float(v)
+    n_embd = int(val(f"{a}.embedding_length"))
+    n_head = int(val(f"{a}.attention.head_count"))
+    head_dim = int(val(f"{a}.attention.key_length", n_embd // n_head))
+    causal = val(f"{a}.attention.causal")
+    dflash2 = {k: int(val(f"{a}.{k}")) for k in DFLASH2_KEYS if val(f"{a}.{k}") is not None}
+    spec = (DFlash2Spec if dflash2 else DFlashSpec)(
+        **dflash2,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_head_kv=int(val(f"{a}.attention.head_count_kv", n_head)),
+        n_ff=int(val(f"{a}.feed_forward_length")),
+        target_layers=[int(x) for x in val(f"{a}.target_layers", [])],
+        block_size=int(val(f"{a}.block_size", 16)),
+        mask_token_id=int(val("tokenizer.ggml.mask_token_id", -1)),
+        rope_theta=float(val(f"{a}.rope.freq_base", 10000.0)),
+        swa_window=window,
+        swa_layers=[bool(x) for x in pattern] if window and pattern is not None else None,
+        n_ctx_train=int(val(f"{a}.context_length", 4096)),
+        rms_eps=float(val(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
+        causal=None if causal is None else bool(causal),
+        key_length=head_dim if head_dim != n_embd // n_head else None,
+        rope_scaling=scaling,
+        embedding_scale=float(val(f"{a}.embedding_scale", 0.0) or 0.0),
+    )
+    tensors: dict[str, np.ndarray] = {}
+    for t in r.tensors:
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.I64, GGMLQuantizationType.I32):
+            arr = np.asarray(t.data).reshape(shape)
+            arr = arr.astype(np.int64) if arr.dtype.kind in "iu" else arr.astype(np.float32)
+        else:
+            arr = dequantize(np.asarray(t.data), t.tensor_type).reshape(shape).astype(np.float32)
+        tensors[t.name] = arr
+    tokens = r.fields.get("tokenizer.ggml.tokens")
+    n_vocab = len(tokens.data) if tokens is not None else 0
+    n_target = val("dflash.n_target_layers")
+    d2t = tensors.get("d2t")
+    info = DrafterInfo(spec, n_vocab, None if n_target is None else int(n_target), int(d2t.size) if d2t is not None else None)
+    return info, tensors
+
+
+def gguf_to_hf(path: str | Path, out_dir: str | Path, dtype: str = "bf16", on_stage: Callable[[str], None] | None = None) -> Path:
+    """Write a ``dflash`` GGUF as an HF checkpoint (config.json + model.safetensors)."""
+    if dtype not in HF_DTYPES:
+        raise LocalflashError(f"unknown --dtype {dtype!r}", hint=f"use one of {', '.join(HF_DTYPES)}")
+    if on_stage:
+        on_stage("reading GGUF")
+    info, tensors = read_dflash_gguf(path)
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise LocalflashError(f"{out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    hf: dict[str, np.ndarray] = {}
+    for name, arr in tensors.items():
+        hname = gguf_to_hf_name(name)
+        if hname == "d2t":
+            hf["d2t"] = arr - np.arange(arr.size, dtype=np.int64)  # speculators: offsets
+            t2d = np.zeros(info.vocab_size, np.bool_)
+            t2d[arr] = True
+            hf["t2d"] = t2d
+        else:
+            hf[hname] = arr
+    if on_stage:
+        on_stage(f"writing {dtype} safetensors")
+    write_safetensors(out / "model.safetensors", hf, dtype)
+    cfg = hf_config(info)
+    cfg["torch_dtype"] = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[dtype]
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def convert_command(src: str, out: str, target: str | None, quant: str, to_hf: bool, dtype: str) -> Path:
+    """``localflash convert-drafter``: progress on stderr, the written path on stdout."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    con = Console(stderr=True)
+    if to_hf:
+        src_p = Path(src).expanduser()
+        if src_p.is_dir():
+            raise LocalflashError(f"--to-hf reads a dflash GGUF file, but {src_p} is a folder")
+        if target:
+            info, _ = read_dflash_gguf(src_p)
+            check_against_target(info, read_target(target))
+        with con.status("reading GGUF") as status:
+            dest = gguf_to_hf(src_p, out, dtype, on_stage=status.update)
+        con.print(f"wrote {dest}/config.json and model.safetensors ({dtype})")
+        print(dest)
+        return dest
+    if not target:
+        raise LocalflashError("--target is required", hint="the drafter's target GGUF: its tokenizer is copied and its shape checked")
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), console=con, transient=True) as prog:
+        task = prog.add_task("tensors", total=None)
+
+        def on_tensor(name: str, k: int, total: int) -> None:
+            prog.update(task, total=total, completed=k + 1, description=f"tensors ({name})")
+
+        def on_stage(msg: str) -> None:
+            prog.update(task, description=msg)
+
+        dest = hf_to_gguf(src, out, target, quant, on_tensor=on_tensor, on_stage=on_stage)
+    info = spec_from_hf(read_checkpoint(src).config)
+    s = info.spec
+    con.print(f"wrote {dest} ({dest.stat().st_size / 1e6:.1f} MB, {quant.upper()}): {s.n_layer} layers, block {s.block_size}, "
+              f"mask token {s.mask_token_id}, taps {[i - 1 for i in s.target_layers]} -> layer inputs {s.target_layers}"
+              + (f", sliding window {s.swa_window}" if s.swa_window else ""))
+    if s.swa_window and s.causal is None:
+        con.print("[yellow]note[/]: llama.cpp runs every layer bidirectionally inside the block; this checkpoint's sliding "
+                  "layers were trained causal there, so acceptance may be a little lower than in vLLM/SGLang")
+    print(dest)
+    return dest

@@ -1,0 +1,74 @@
+"""The planner's price of MTP drafting against llama.cpp's own accounting, and the pinned Qwen3.6-27B plan."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from localflash.plan.devices import Gpu, HostMemory
+from localflash.formats.gguf_meta import read_meta
+from localflash.llama.accounting import measure
+from localflash.plan.fit import GiB, Wishes, kv_bytes_per_layer, make_plan, recurrent_bytes_per_layer, runtime_kwargs
+from localflash.plan.mtp import mtp_compute_bytes, mtp_kv_bytes, mtp_weight_bytes
+from localflash.testing.shaped import PRESETS, write_preset, write_shaped
+
+HOST = HostMemory(64 * GiB, 60 * GiB)
+CARD = Gpu(0, "RTX 3090", 24 * GiB, 24 * GiB)
+
+
+@pytest.mark.parametrize("n_ctx, kv, ubatch", [(4096, "f16", 512), (8192, "q8_0", 512), (2048, "f16", 128)])
+def test_mtp_weights_kv_and_compute_match_llama_cpp(tiny_qwen35_mtp, n_ctx, kv, ubatch):
+    meta = read_meta(tiny_qwen35_mtp)
+    opts = dict(n_ctx=n_ctx, type_k=kv, type_v=kv, n_ubatch=ubatch, n_outputs_max=1)
+    plain, with_mtp, mtp_ctx = (measure(tiny_qwen35_mtp, **opts, **extra) for extra in
+                                ({}, {"load_mtp": True}, {"mtp_context": True}))
+    assert mtp_weight_bytes(meta) == pytest.approx(with_mtp.total("model") - plain.total("model"), rel=0.03)
+    assert mtp_kv_bytes(meta, n_ctx, kv, ubatch) == pytest.approx(mtp_ctx.total("kv"), rel=0.03)
+    assert mtp_ctx.total("recurrent") == 0  # the MTP context caches the nextn block's attention only
+    assert mtp_compute_bytes(meta, n_ctx, ubatch, kv, cuda=False) == pytest.approx(mtp_ctx.total("compute"), rel=0.10)
+
+
+@pytest.mark.parametrize("n_ctx, kv", [(65536, "f16"), (262144, "f16"), (32768, "q8_0")])
+def test_mtp_compute_at_real_shapes_matches_a_llama_cpp_dry_run(tmp_path_factory, n_ctx, kv):
+    """A Qwen3.6-27B-shaped file (placeholder vocabulary of 32000): llama.cpp sizes the MTP graph, allocates nothing."""
+    d = tmp_path_factory.mktemp("mtp-dry")
+    path = write_shaped(d / "dry.gguf", replace(PRESETS["qwen3.6-27b"], n_vocab=32000), "Q4_K_M", tokenizer=True)
+    acc = measure(path, n_ctx=n_ctx, type_k=kv, type_v=kv, n_outputs_max=1, mtp_context=True, no_alloc=True)
+    assert mtp_compute_bytes(read_meta(path), n_ctx, 512, kv, cuda=False) == pytest.approx(acc.total("compute"), rel=0.10)
+
+
+@pytest.fixture(scope="module")
+def q36(tmp_path_factory):
+    return write_preset(tmp_path_factory.mktemp("shaped-mtp"), "qwen3.6-27b", "Q4_K_M")
+
+
+def test_qwen36_27b_q4_k_m_with_mtp_on_one_24gb_card(q36):
+    """What `localflash plan --target Qwen3.6-27B-Q4_K_M.gguf --vram 24GiB --ctx 0` prices (MTP by default)."""
+    meta = read_meta(q36)
+    plan = make_plan(meta, None, [CARD], HOST, Wishes(ctx=0, n_draft=3, mtp=True))
+    gpu = plan.devices[0]
+    assert plan.mtp and runtime_kwargs(plan)["load_mtp"] and plan.n_rs_seq == 3
+    assert plan.context_options == {"f16": 108544, "q8_0": 166144, "q4_0": 262144}  # largest context per KV type
+    assert (plan.n_ctx, plan.type_k) == (262144, "q4_0") and gpu.free >= 0
+    # the drafter column: the nextn block's weights, the MTP context's KV cache and compute buffer
+    assert gpu.drafter_weights == mtp_weight_bytes(meta) == pytest.approx(251 * 2**20, rel=0.01)
+    assert gpu.drafter_kv == mtp_kv_bytes(meta, plan.n_ctx, "q4_0", 512)
+    # the target's recurrent state: one row per Gated-DeltaNet block and sequence, times (1 + n_rs_seq)
+    rs = sum(recurrent_bytes_per_layer(meta, 0).values())
+    assert gpu.target_kv == sum(kv_bytes_per_layer(meta, plan.n_ctx, "q4_0", 512).values()) + 4 * rs
+    without = make_plan(meta, None, [CARD], HOST, Wishes(ctx=0, n_draft=3))
+    assert not without.mtp and without.context_options["f16"] > plan.context_options["f16"]
+
+
+def test_plan_command_prices_mtp_unless_told_not_to(q36, capsys):
+    from rich.console import Console
+
+    from localflash.cli.plan import plan_command
+
+    console = Console(width=200)
+    plan = plan_command(target=str(q36), vram="24GiB", ctx=0, console=console, detected=[], host=HOST)
+    out = capsys.readouterr().out
+    assert plan.mtp and "largest context that fits this placement: 108544 with f16, 166144 with q8_0, 262144 with q4_0" in out
+    assert "the target's MTP block" in out
+    assert not plan_command(target=str(q36), vram="24GiB", console=console, detected=[], host=HOST, mtp=False).mtp
