@@ -7,7 +7,7 @@
             print(chunk.text, end="", flush=True)
         print(llm.generate("The capital of France is", max_tokens=8).text)
 
-Loading goes through the same path as the CLI (``runner.open_engine``: pairs,
+Loading goes through the same path as the CLI (``engine.open_engine``: pairs,
 plan, drafter); requests run on :mod:`localflash.session`, which reuses the
 engine's cache across requests. One caller at a time: an LLM is not thread-safe.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import fields
 from pathlib import Path
 
 from localflash.errors import LocalflashError
@@ -25,43 +24,22 @@ from localflash.session import Chunk, Completion, Generation, Session
 __all__ = ["load", "open_llm", "LLM", "Chunk", "Completion"]
 
 
-def load(
-    pair: str | None = None,
-    *,
-    model: str | Path | None = None,
-    drafter: str | Path | None = None,
-    spec: str = "auto",
-    ctx: int | None = None,
-    draft_max: int | None = None,
-    fixed: bool = False,
-    threads: int = 0,
-    n_gpu_layers: int = -1,
-    kv: str | None = None,
-    draft: str = "on",
-    **more_run_config,
-) -> "LLM":
+def load(pair: str | None = None, *, draft: str = "on", **options) -> "LLM":
     """Load a pair from models.toml (``pair="demo"``) or a target file (``model=``), as the CLI does.
 
-    ``draft``: ``on`` (the engine's adaptive draft length), ``off`` (plain decoding)
-    or ``auto`` (per phase, only where drafting pays). ``more_run_config``: other
-    ``runner.RunConfig`` fields (``p_min``, ``vram``, ``gpus``, ...).
+    ``options``: the load options of :data:`localflash.config.LOAD_OPTIONS`, the CLI's
+    model flags (``model``, ``drafter``, ``spec``, ``ctx``, ``draft_max``, ``fixed``,
+    ``p_min``, ``threads``, ``n_gpu_layers``, ``kv``, ``exact``) plus ``vram``, ``gpus``
+    and ``derive``; any other keyword is an error. ``draft``: ``on`` (the engine's adaptive draft length), ``off``
+    (plain decoding) or ``auto`` (per phase, only where drafting pays).
     """
-    from localflash.engine import RunConfig, config_from
+    from localflash.config import config_from_options
 
-    known = {f.name for f in fields(RunConfig)}
-    unknown = sorted(set(more_run_config) - known)
-    if unknown:
-        raise LocalflashError(f"load() got unknown option(s): {', '.join(unknown)}", hint=f"RunConfig fields: {', '.join(sorted(known))}")
-    cfg = config_from(
-        pair, str(model) if model is not None else None, str(drafter) if drafter is not None else None,
-        spec=spec, ctx=ctx, draft_max=draft_max, threads=threads, n_gpu_layers=n_gpu_layers, kv=kv,
-        adaptive=not fixed, **more_run_config,
-    )
-    return open_llm(cfg, draft=draft)
+    return open_llm(config_from_options(pair=pair, **options), draft=draft)
 
 
 def open_llm(cfg, draft: str = "on") -> "LLM":
-    """An LLM from a ready ``runner.RunConfig`` (the CLI's path)."""
+    """An LLM from a ready ``config.RunConfig`` (the CLI's path)."""
     from localflash.engine import open_engine
 
     engine = open_engine(cfg)

@@ -1,78 +1,15 @@
-"""From what the user asked (a pair, or target/drafter files and flags) to a ready Engine.
+"""From a RunConfig (``localflash/config.py``: a pair, or target/drafter files and options) to a ready Engine.
 
-``run``, ``chat`` and ``bench`` all load through :func:`open_engine`.
+``run``, ``chat``, ``serve``, ``bench`` and ``load()`` all load through :func:`open_engine`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from pathlib import Path
 
+from localflash.archs import DRAFT_MAX, LOOKUP, MODEL_DRAFTERS, RECURRENT_ARCHS, SYNTHETIC, base_kind, kind_of_drafter_arch
+from localflash.config import RunConfig
 from localflash.errors import LocalflashError
-from localflash.archs import DRAFT_MAX, LOOKUP, MODEL_DRAFTERS, RECURRENT_ARCHS, SPECS, SYNTHETIC, base_kind, kind_of_drafter_arch
-from localflash.registry.pairs import Pair, get_pair
-
-EXACT_MAX_ROWS = 63  # in exact mode: a verify batch of 64+ rows takes ggml's tiled flash attention, which rounds differently
-
-
-@dataclass
-class RunConfig:
-    target: Path
-    drafter: Path | None = None
-    spec: str = "auto"  # auto = the pair's drafter kind, or guessed from the drafter file
-    draft_max: int | None = None
-    adaptive: bool = True
-    ctx: int = 4096
-    kv: str = "f16"
-    n_gpu_layers: int = -1
-    threads: int = 0
-    p_min: float = 0.0
-    derive: str | None = None  # requantize the target into this type to make the drafter
-    pair: str | None = None
-    vram: str | None = None  # budget override, e.g. "24GiB" (default: detected)
-    gpus: str | None = None  # "0,1" or "24GiB,24GiB"
-    exact: bool = False  # byte-exact greedy on CPU: see exact_options()
-
-
-def config_from(pair: str | None, target: str | None, drafter: str | None, **flags) -> RunConfig:
-    """Merge a models.toml pair with explicit flags (flags win when given)."""
-    given = {k: v for k, v in flags.items() if v is not None}
-    if pair:
-        p: Pair = get_pair(pair)
-        cfg = RunConfig(
-            target=p.target,
-            drafter=p.drafter,
-            spec=p.kind if p.kind != "none" else "none",
-            draft_max=p.draft_max,
-            ctx=p.ctx,
-            derive=p.derive,
-            pair=p.name,
-        )
-        if given.get("spec") == "auto":
-            given.pop("spec")
-    elif target:
-        cfg = RunConfig(target=Path(target))
-    else:
-        raise LocalflashError("name a model", hint="use --pair NAME (see `localflash models`) or --model FILE.gguf")
-    if target and pair:
-        cfg.target = Path(target)
-    if drafter:
-        cfg.drafter = Path(drafter)
-        cfg.derive = None
-    cfg = replace(cfg, **given)
-    if cfg.spec not in SPECS:
-        raise LocalflashError(f"unknown --spec {cfg.spec!r}", hint=f"use one of {', '.join(SPECS)}")
-    if cfg.draft_max is not None and not 0 <= cfg.draft_max <= 64:
-        raise LocalflashError(f"--draft-max must be in 0..64, got {cfg.draft_max}")
-    if not 0.0 <= cfg.p_min < 1.0:
-        raise LocalflashError(f"--p-min must be in [0, 1), got {cfg.p_min:g}")
-    if cfg.exact and cfg.draft_max is not None and cfg.draft_max + 1 > EXACT_MAX_ROWS:
-        raise LocalflashError(f"--exact verifies at most {EXACT_MAX_ROWS} rows at once, so --draft-max must be at most "
-                              f"{EXACT_MAX_ROWS - 1}, got {cfg.draft_max}")
-    if cfg.ctx < 16:
-        raise LocalflashError(f"-c/--ctx must be at least 16, got {cfg.ctx}")
-    return cfg
-
 
 # weight types ggml's CPU backend multiplies by 2+ rows with llamafile's sgemm and by one row with vec_dot
 SGEMM_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL"}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from localflash.engine import config_from, open_engine
+from localflash.config import config_from
+from localflash.engine import open_engine
 from localflash.session import Conversation, Session
 from localflash.speculative.sampling import SamplingParams
 

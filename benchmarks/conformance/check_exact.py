@@ -52,7 +52,8 @@ def run_pair(pair: str, exact: bool, threads: int, lengths: list[int], ctx: int)
 
     from localflash.bench import rig as bl
     from localflash.llama import Model, ModelOptions
-    from localflash.engine import config_from, open_engine
+    from localflash.config import config_from
+    from localflash.engine import open_engine
 
     base = config_from(pair, None, None, exact=exact, threads=threads, ctx=ctx)
     if exact:

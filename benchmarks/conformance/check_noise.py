@@ -17,7 +17,8 @@ from localflash.bench import rig as bl  # noqa: E402
 
 
 def main() -> None:
-    from localflash.engine import config_from, open_engine
+    from localflash.config import config_from
+    from localflash.engine import open_engine
     from localflash.speculative.sampling import SamplingParams
     from localflash.speculative.stats import Stats
 

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    from localflash.engine import config_from
+    from localflash.config import config_from
 
     path = str(config_from(a.pair, None, None).target)
     sizes = [int(x) for x in a.sizes.split(",")]

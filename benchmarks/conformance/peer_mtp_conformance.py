@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     from localflash.llama import Model, ModelOptions
-    from localflash.engine import config_from, open_engine
+    from localflash.config import config_from
+    from localflash.engine import open_engine
     from localflash.testing.tiny import HybridSpec, write_hybrid
 
     tmp = Path(tempfile.mkdtemp(prefix="mtp-peer-"))

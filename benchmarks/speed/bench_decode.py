@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     from llama_cpp import Llama
 
     from localflash.llama import Context, ContextOptions, Model
-    from localflash.engine import config_from
+    from localflash.config import config_from
     from localflash.speculative.loop import Engine
 
     path = Path(a.model) if a.model else config_from(a.pair or "demo", None, None).target

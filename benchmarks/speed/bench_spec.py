@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     bl.set_omp_wait(a.omp_wait)
 
     from localflash.llama import Model, ModelOptions
-    from localflash.engine import config_from, drafter_kind, ensure_drafter_file, nextn_layers
+    from localflash.config import config_from
+    from localflash.engine import drafter_kind, ensure_drafter_file, nextn_layers
 
     cfg = config_from(None if a.model else a.pair, a.model, None)
     if cfg.spec == "auto":

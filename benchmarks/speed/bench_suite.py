@@ -142,7 +142,8 @@ def schedule(prompts: list[bl.Prompt], tokens: list[int]) -> list[tuple[bl.Promp
 
 def run_pair(pair: str, a, budget_s: float, log) -> dict:
     from localflash.llama import Model
-    from localflash.engine import config_from, ensure_drafter_file
+    from localflash.config import config_from
+    from localflash.engine import ensure_drafter_file
 
     cfg = config_from(pair, None, None)
     kinds = [cfg.spec] + (["ngram"] if cfg.spec != "ngram" else [])
@@ -429,7 +430,7 @@ def main(argv=None) -> int:
     if (ROOT / "peer" / "BUILD_INFO").exists():
         report["peer_build"] = (ROOT / "peer" / "BUILD_INFO").read_text()
     if not a.no_threads_check:
-        from localflash.engine import config_from
+        from localflash.config import config_from
 
         log("threads check (SmolLM2 plain decode)")
         report["threads_check"] = threads_check(config_from("demo", None, None).target)

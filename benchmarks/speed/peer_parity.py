@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    from localflash.engine import config_from
+    from localflash.config import config_from
 
     path = str(config_from(a.pair, None, None).target)
     if a.one:

@@ -94,7 +94,8 @@ def main(argv=None) -> int:
     bl.set_omp_wait("passive")
 
     from localflash.llama import Model
-    from localflash.engine import config_from, ensure_drafter_file
+    from localflash.config import config_from
+    from localflash.engine import ensure_drafter_file
 
     cfg = config_from(a.pair, None, None)
     specs = []

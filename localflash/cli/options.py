@@ -21,11 +21,12 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields, make_dataclass
 from typing import Any, Callable, Optional
 
 import typer
 
+from localflash.config import LOAD_OPTIONS, config_from_options
 from localflash.errors import LocalflashError
 
 
@@ -65,25 +66,9 @@ def _at_least_one(name: str):
 MAX_TOKENS = Flag(int, 256, ("--max-tokens", "-n"), "Longest reply in tokens (bench: per prompt).", _at_least_one("--max-tokens"))
 RAW = Flag(bool, False, ("--raw",), "Send the prompt as is, without the chat template.")
 SYSTEM = Flag(Optional[str], None, ("--system", "-s"), "System prompt (chat template only).")
-PAIR = Flag(Optional[str], None, ("--pair", "-p"), "A pair from models.toml.")
-DRAFTER = Flag(Optional[str], None, ("--drafter",), "Drafter GGUF (DFlash, EAGLE-3 or a small model), next to its target.")
-MODEL = Flag(Optional[str], None, ("--model", "-m"), "Target GGUF file.")
-DRAFT_MAX = Flag(Optional[int], None, ("--draft-max",), "Longest draft per cycle.")
-
-LOAD_FLAGS = {
-    "pair": PAIR,
-    "model": MODEL,
-    "drafter": DRAFTER,
-    "spec": Flag(str, "auto", ("--spec",), "auto | none | dflash | draft | eagle3 | ngram | mtp; dflash+ngram / draft+ngram / eagle3+ngram / mtp+ngram try prompt lookup first."),
-    "draft_max": DRAFT_MAX,
-    "fixed": Flag(bool, False, ("--fixed",), "Always draft --draft-max tokens (no adaptive length)."),
-    "p_min": Flag(float, 0.0, ("--p-min",), "Draft model / MTP: stop a draft at a token below this probability (0: never)."),
-    "ctx": Flag(Optional[int], None, ("--ctx", "-c"), "Context size in tokens (default: the pair's, else 4096; bench: what the longest prompt needs)."),
-    "threads": Flag(int, 0, ("--threads", "-t"), "CPU threads (0: automatic)."),
-    "n_gpu_layers": Flag(int, -1, ("--n-gpu-layers", "-ngl"), "Target layers on the GPU (-1: all)."),
-    "kv": Flag(Optional[str], None, ("--kv",), "KV cache type: f16, q8_0, q4_0."),
-    "exact": Flag(bool, False, ("--exact",), "Byte-exact greedy on CPU: speculative output == plain output at any thread count (slower verify)."),
-}
+# the model flags: the CLI side of config.LOAD_OPTIONS (the options that have CLI names)
+LOAD_FLAGS = {name: Flag(o.type, o.default, o.flags, o.help) for name, o in LOAD_OPTIONS.items() if o.flags}
+PAIR, MODEL, DRAFTER, DRAFT_MAX = (LOAD_FLAGS[n] for n in ("pair", "model", "drafter", "draft_max"))
 
 SAMPLING_FLAGS = {
     "temp": Flag(float, 0.0, ("--temp",), "Temperature; 0 is greedy."),
@@ -94,31 +79,15 @@ SAMPLING_FLAGS = {
 }
 
 
-@dataclass
-class LoadFlags:
-    """Which model(s) to load and how: the flags every model-loading command takes."""
+def _load_config(self):
+    """The RunConfig these flags ask for (a pair merged with the flags given)."""
+    return config_from_options(**asdict(self))
 
-    pair: str | None = None
-    model: str | None = None
-    drafter: str | None = None
-    spec: str = "auto"
-    draft_max: int | None = None
-    fixed: bool = False
-    p_min: float = 0.0
-    ctx: int | None = None
-    threads: int = 0
-    n_gpu_layers: int = -1
-    kv: str | None = None
-    exact: bool = False
 
-    def config(self):
-        """The RunConfig these flags ask for (a pair merged with the flags given)."""
-        from localflash.engine import config_from
-
-        return config_from(
-            self.pair, self.model, self.drafter, spec=self.spec, draft_max=self.draft_max, ctx=self.ctx,
-            threads=self.threads, n_gpu_layers=self.n_gpu_layers, kv=self.kv, adaptive=not self.fixed, p_min=self.p_min, exact=self.exact,
-        )
+# Which model(s) to load and how: the flags every model-loading command takes (one field per LOAD_FLAGS entry).
+LoadFlags = make_dataclass("LoadFlags", [(name, f.type, f.default) for name, f in LOAD_FLAGS.items()], namespace={"config": _load_config})
+LoadFlags.__module__ = __name__
+LoadFlags.__doc__ = "Which model(s) to load and how: the flags every model-loading command takes."
 
 
 @dataclass

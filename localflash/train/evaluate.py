@@ -42,7 +42,8 @@ def measure_tau(
     on_prompt: Callable[[int, int], None] | None = None,
 ) -> TauReport:
     """Greedy generation over ``prompts``; the merged statistics and each prompt's τ."""
-    from localflash.engine import config_from, open_engine
+    from localflash.config import config_from
+    from localflash.engine import open_engine
     from localflash.speculative.sampling import SamplingParams
     from localflash.train.data import chat_tokens
 

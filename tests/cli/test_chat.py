@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from localflash.cli.chat import ChatSession, PhaseGate, PhaseTracker, PlainUI, diff_stats, initial_phase
-from localflash.engine import config_from, open_engine
+from localflash.config import config_from
+from localflash.engine import open_engine
 from localflash.speculative.sampling import SamplingParams
 from localflash.speculative.stats import Stats
 

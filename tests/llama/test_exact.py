@@ -16,7 +16,7 @@ import pytest
 
 from localflash.errors import LocalflashError
 from localflash.llama.quantize import quantize
-from localflash.engine import EXACT_MAX_ROWS, config_from
+from localflash.config import EXACT_MAX_ROWS, config_from
 from localflash.testing.tiny import TinySpec, write_target
 
 # decode `batch` tokens one at a time after an `n_prompt`-token prompt, then the same tokens

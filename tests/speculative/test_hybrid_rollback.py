@@ -19,7 +19,8 @@ from localflash.cli.chat_ui import PlainUI
 from localflash.errors import RollbackError
 from localflash.llama import Context, ContextOptions, Model
 from localflash.llama.rollback import RecurrentCache, StateCheckpoint
-from localflash.engine import config_from, open_engine
+from localflash.config import config_from
+from localflash.engine import open_engine
 from localflash.speculative.loop import _common_prefix
 from localflash.speculative.sampling import SamplingParams
 from localflash.speculative.stats import Stats

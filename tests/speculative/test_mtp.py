@@ -204,7 +204,8 @@ def test_mtp_refuses_a_target_without_nextn_layers(tiny_qwen35):
 
 
 def test_auto_picks_mtp_only_for_a_target_with_nextn_layers(tiny_qwen35_mtp_agree, tiny_qwen35):
-    from localflash.engine import config_from, open_engine
+    from localflash.config import config_from
+    from localflash.engine import open_engine
 
     for path, want in ((tiny_qwen35_mtp_agree, "mtp"), (tiny_qwen35, "ngram")):
         eng = open_engine(config_from(None, str(path), None, threads=1, ctx=256))
@@ -219,7 +220,7 @@ def test_pair_of_kind_mtp(lf_env, tiny_qwen35_mtp_agree):
     from pathlib import Path
 
     from localflash.registry.pairs import get_pair
-    from localflash.engine import config_from
+    from localflash.config import config_from
 
     user = Path(lf_env["XDG_CONFIG_HOME"]) / "localflash" / "models.toml"
     user.parent.mkdir(parents=True)

@@ -1,0 +1,130 @@
+"""What to load and how: the one table of load options, and the RunConfig they resolve to.
+
+:data:`LOAD_OPTIONS` is the single definition of every option a caller may give
+when loading a model: the CLI builds its model flags from it
+(``cli/options.py``: ``LOAD_FLAGS``, ``LoadFlags``) and ``localflash.load()``
+checks its keywords against it. :func:`config_from_options` turns given options
+into a :class:`RunConfig` (a models.toml pair merged with the options given),
+which :func:`localflash.engine.open_engine` loads.
+
+No heavy imports here: the CLI's ``--help`` reads this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from localflash.archs import SPECS
+from localflash.errors import LocalflashError
+from localflash.registry.pairs import get_pair
+
+EXACT_MAX_ROWS = 63  # in exact mode: a verify batch of 64+ rows takes ggml's tiled flash attention, which rounds differently
+DEFAULT_CTX = 4096  # without a pair or --ctx
+
+
+@dataclass(frozen=True)
+class LoadOption:
+    """One load option: the type a caller gives, its default, its CLI names (none: Python API only), its help."""
+
+    type: Any
+    default: Any
+    flags: tuple[str, ...] = ()
+    help: str = ""
+
+
+LOAD_OPTIONS: dict[str, LoadOption] = {
+    "pair": LoadOption(Optional[str], None, ("--pair", "-p"), "A pair from models.toml."),
+    "model": LoadOption(Optional[str], None, ("--model", "-m"), "Target GGUF file."),
+    "drafter": LoadOption(Optional[str], None, ("--drafter",), "Drafter GGUF (DFlash, EAGLE-3 or a small model), next to its target."),
+    "spec": LoadOption(str, "auto", ("--spec",), "auto | none | dflash | draft | eagle3 | ngram | mtp; dflash+ngram / draft+ngram / eagle3+ngram / mtp+ngram try prompt lookup first."),
+    "draft_max": LoadOption(Optional[int], None, ("--draft-max",), "Longest draft per cycle."),
+    "fixed": LoadOption(bool, False, ("--fixed",), "Always draft --draft-max tokens (no adaptive length)."),
+    "p_min": LoadOption(float, 0.0, ("--p-min",), "Draft model / MTP: stop a draft at a token below this probability (0: never)."),
+    "ctx": LoadOption(Optional[int], None, ("--ctx", "-c"), f"Context size in tokens (default: the pair's, else {DEFAULT_CTX}; bench: what the longest prompt needs)."),
+    "threads": LoadOption(int, 0, ("--threads", "-t"), "CPU threads (0: automatic)."),
+    "n_gpu_layers": LoadOption(int, -1, ("--n-gpu-layers", "-ngl"), "Target layers on the GPU (-1: all)."),
+    "kv": LoadOption(Optional[str], None, ("--kv",), "KV cache type: f16, q8_0, q4_0."),
+    "exact": LoadOption(bool, False, ("--exact",), "Byte-exact greedy on CPU: speculative output == plain output at any thread count (slower verify)."),
+    # Python API only
+    "vram": LoadOption(Optional[str], None, (), 'VRAM budget override, e.g. "24GiB" (default: detected).'),
+    "gpus": LoadOption(Optional[str], None, (), 'Cards by index ("0,1") or by size ("24GiB,24GiB").'),
+    "derive": LoadOption(Optional[str], None, (), "Requantize the target into this type to make the drafter file (written to drafter= on first use)."),
+}
+
+
+def _default(name: str):
+    return LOAD_OPTIONS[name].default
+
+
+@dataclass
+class RunConfig:
+    """A resolved load: the files, the drafter kind and the runtime settings :func:`~localflash.engine.open_engine` uses."""
+
+    target: Path
+    drafter: Path | None = None
+    spec: str = _default("spec")  # auto = the pair's drafter kind, or guessed from the drafter file
+    draft_max: int | None = _default("draft_max")
+    adaptive: bool = not _default("fixed")
+    ctx: int = DEFAULT_CTX
+    kv: str = "f16"
+    n_gpu_layers: int = _default("n_gpu_layers")
+    threads: int = _default("threads")
+    p_min: float = _default("p_min")
+    derive: str | None = _default("derive")  # requantize the target into this type to make the drafter
+    pair: str | None = None
+    vram: str | None = _default("vram")  # budget override, e.g. "24GiB" (default: detected)
+    gpus: str | None = _default("gpus")  # "0,1" or "24GiB,24GiB"
+    exact: bool = _default("exact")  # byte-exact greedy on CPU: see engine.exact_options()
+
+
+def config_from_options(**options) -> RunConfig:
+    """The RunConfig load options ask for (``load()``'s keywords, the CLI's model flags; left out: their defaults)."""
+    unknown = sorted(set(options) - set(LOAD_OPTIONS))
+    if unknown:
+        raise LocalflashError(f"load() got unknown option(s): {', '.join(unknown)}", hint=f"load options: {', '.join(LOAD_OPTIONS)}")
+    o = {name: opt.default for name, opt in LOAD_OPTIONS.items()} | options
+    model, drafter = o.pop("model"), o.pop("drafter")
+    return config_from(o.pop("pair"), str(model) if model is not None else None, str(drafter) if drafter is not None else None,
+                       adaptive=not o.pop("fixed"), **o)
+
+
+def config_from(pair: str | None, target: str | None, drafter: str | None, **flags) -> RunConfig:
+    """Merge a models.toml pair with explicit flags (RunConfig fields; flags win when given)."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    if pair:
+        p = get_pair(pair)
+        cfg = RunConfig(
+            target=p.target,
+            drafter=p.drafter,
+            spec=p.kind if p.kind != "none" else "none",
+            draft_max=p.draft_max,
+            ctx=p.ctx,
+            derive=p.derive,
+            pair=p.name,
+        )
+        if given.get("spec") == "auto":
+            given.pop("spec")
+    elif target:
+        cfg = RunConfig(target=Path(target))
+    else:
+        raise LocalflashError("name a model", hint="use --pair NAME (see `localflash models`) or --model FILE.gguf")
+    if target and pair:
+        cfg.target = Path(target)
+    if drafter:
+        cfg.drafter = Path(drafter)
+        cfg.derive = None
+    cfg = replace(cfg, **given)
+    if cfg.spec not in SPECS:
+        raise LocalflashError(f"unknown --spec {cfg.spec!r}", hint=f"use one of {', '.join(SPECS)}")
+    if cfg.draft_max is not None and not 0 <= cfg.draft_max <= 64:
+        raise LocalflashError(f"--draft-max must be in 0..64, got {cfg.draft_max}")
+    if not 0.0 <= cfg.p_min < 1.0:
+        raise LocalflashError(f"--p-min must be in [0, 1), got {cfg.p_min:g}")
+    if cfg.exact and cfg.draft_max is not None and cfg.draft_max + 1 > EXACT_MAX_ROWS:
+        raise LocalflashError(f"--exact verifies at most {EXACT_MAX_ROWS} rows at once, so --draft-max must be at most "
+                              f"{EXACT_MAX_ROWS - 1}, got {cfg.draft_max}")
+    if cfg.ctx < 16:
+        raise LocalflashError(f"-c/--ctx must be at least 16, got {cfg.ctx}")
+    return cfg
