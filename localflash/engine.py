@@ -87,7 +87,7 @@ def open_engine(cfg: RunConfig, target=None):
     from localflash.speculative.eagle3 import Eagle3Drafter
     from localflash.speculative.loop import Engine
     from localflash.speculative.mtp import MtpDrafter
-    from localflash.plan.fit import runtime_kwargs
+    from localflash.plan import runtime_kwargs
 
     drafter_path = ensure_drafter_file(cfg) if base_kind(cfg.spec) in ("auto", *MODEL_DRAFTERS) else None
     n_nextn = nextn_layers(cfg.target)
@@ -178,7 +178,7 @@ def plan_for(cfg: RunConfig, drafter_path: Path | None, max_draft: int, mtp: boo
     from localflash.plan import devices
     from localflash.formats.gguf_meta import read_meta
     from localflash.llama import check_gguf
-    from localflash.plan.fit import Wishes, make_plan
+    from localflash.plan import Wishes, make_plan
 
     t_meta = read_meta(check_gguf(cfg.target))
     d_meta = read_meta(check_gguf(drafter_path)) if drafter_path else None

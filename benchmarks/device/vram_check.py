@@ -2,7 +2,7 @@
 
     python benchmarks/device/vram_check.py MODEL.gguf [--ctx 8192] [--kv q8_0] [--vram 24GiB] [--tolerance 0.05]
 
-Plans the target alone with ``localflash.plan.fit`` on the detected GPUs, loads it
+Plans the target alone with ``localflash.plan`` on the detected GPUs, loads it
 with exactly the planned model/context settings through llama.cpp's low-level
 API, and while the model and context are alive asks NVML how much device memory
 this process holds on each GPU. Prints both per GPU and llama.cpp's own buffer
@@ -20,7 +20,7 @@ import sys
 from localflash.plan import devices
 from localflash.formats.gguf_meta import read_meta
 from localflash.llama.accounting import measure
-from localflash.plan.fit import Wishes, make_plan
+from localflash.plan import Wishes, make_plan
 
 
 def main(argv: list[str] | None = None) -> int:

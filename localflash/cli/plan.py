@@ -10,7 +10,7 @@ from rich.table import Table
 from localflash.plan import devices
 from localflash.errors import LocalflashError
 from localflash.formats.gguf_meta import read_meta
-from localflash.plan.fit import Plan, Wishes, make_plan, runtime_kwargs
+from localflash.plan import Plan, Wishes, make_plan, runtime_kwargs
 
 
 def plan_command(

@@ -4,7 +4,7 @@ llama.cpp prints every buffer it allocates while loading a model and creating
 a context ("CPU_Mapped model buffer size = 98.36 MiB", "CPU KV buffer size",
 "CPU RS buffer size", "CPU compute buffer size", "CPU output buffer size").
 ``measure`` loads with the low-level API, captures those lines and returns the
-bytes per buffer, so the planner (``localflash.plan.fit``) can be checked against
+bytes per buffer, so the planner (``localflash.plan``) can be checked against
 the library that will actually hold the memory. With ``no_alloc=True`` nothing
 is allocated: model and KV lines print 0 and only the compute sizes are real.
 """

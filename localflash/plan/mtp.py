@@ -12,13 +12,10 @@ per batch row). The planner shows all of it in the drafter column.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
 from localflash.formats.gguf_meta import ModelMeta
-
-if TYPE_CHECKING:
-    from localflash.plan.fit import Config, DeviceUse, Pricer
+from localflash.plan.costs import kv_bytes_per_layer, pad_ctx
 
 
 def nextn_view(meta: ModelMeta) -> ModelMeta:
@@ -37,8 +34,6 @@ def mtp_weight_bytes(meta: ModelMeta) -> int:
 
 def mtp_kv_bytes(meta: ModelMeta, n_ctx: int, kv: str, n_ubatch: int) -> int:
     """KV cache of the MTP context: the nextn blocks at the target's context length."""
-    from localflash.plan.fit import kv_bytes_per_layer
-
     per_layer = kv_bytes_per_layer(nextn_view(meta), n_ctx, kv, n_ubatch)
     return sum(per_layer.get(il, 0) for il in nextn_blocks(meta))
 
@@ -50,8 +45,8 @@ def mtp_compute_bytes(meta: ModelMeta, n_ctx: int, n_ubatch: int, kv: str, cuda:
     the attention stage (mask, query + gate, output, K/V activations and their casts) and the FFN stage;
     fitted to llama.cpp's own reports for the tiny qwen35 and a Qwen3.6-27B-shaped file (``tests/plan/test_mtp_plan.py``).
     """
-    T = min(n_ubatch, -(-n_ctx // 256) * 256)
-    cells = -(-n_ctx // 256) * 256
+    T = min(n_ubatch, pad_ctx(n_ctx))
+    cells = pad_ctx(n_ctx)
     E, hd, hd_v = meta.n_embd, meta.head_dim_k, meta.head_dim_v
     il = meta.n_layer
     n_head, n_kv = meta.n_head[il], meta.n_head_kv[il]
@@ -64,16 +59,27 @@ def mtp_compute_bytes(meta: ModelMeta, n_ctx: int, n_ubatch: int, kv: str, cuda:
     return max(attn, ffn, out) + T * 32
 
 
-def price_mtp(pr: "Pricer", c: "Config", rows: list["DeviceUse"], host: "DeviceUse", where: list[int | None]) -> None:
-    """Move the nextn weights into the drafter column and add the MTP context's KV, compute and outputs."""
-    t, w = pr.t, pr.w
-    for il in nextn_blocks(t):
-        row = host if where[il] is None else rows[where[il]]
-        row.target_weights -= t.layer_bytes[il]
-        row.drafter_weights += t.layer_bytes[il]
-    dev = where[t.n_layer]
-    row = host if dev is None else rows[dev]
-    row.drafter_kv += mtp_kv_bytes(t, c.n_ctx, c.kv, w.n_ubatch)
-    row.drafter_compute += mtp_compute_bytes(t, c.n_ctx, w.n_ubatch, c.kv, cuda=dev is not None)
-    # host output buffers: the MTP row's logits and hidden state, the target's exported hidden states
-    host.overhead += t.output_vocab * 4 + t.n_embd * 4 + t.n_embd * w.n_batch * 4
+@dataclass
+class MtpCost:
+    """What MTP drafting adds to a placement. Device keys are positions in the placement's GPU list, ``None`` the host."""
+
+    nextn_weights: dict[int | None, int]  # bytes of the nextn blocks per device: target column -> drafter column
+    device: int | None  # where the MTP context runs (the device of the first nextn block)
+    kv: int  # the MTP context's KV cache, on ``device``
+    compute: int  # its compute buffer, on ``device``
+    host_outputs: int  # host buffers: the MTP row's logits and hidden state, the target's exported hidden states
+
+
+def mtp_cost(meta: ModelMeta, where: list[int | None], n_ctx: int, kv: str, n_ubatch: int, n_batch: int) -> MtpCost:
+    """The MTP block's cost on each device, for block slots placed as ``where`` (device of every slot)."""
+    weights: dict[int | None, int] = {}
+    for il in nextn_blocks(meta):
+        weights[where[il]] = weights.get(where[il], 0) + meta.layer_bytes[il]
+    dev = where[meta.n_layer]
+    return MtpCost(
+        nextn_weights=weights,
+        device=dev,
+        kv=mtp_kv_bytes(meta, n_ctx, kv, n_ubatch),
+        compute=mtp_compute_bytes(meta, n_ctx, n_ubatch, kv, cuda=dev is not None),
+        host_outputs=meta.output_vocab * 4 + meta.n_embd * 4 + meta.n_embd * n_batch * 4,
+    )

@@ -11,19 +11,10 @@ from localflash.plan.devices import Gpu, HostMemory, host_memory, parse_size, se
 from localflash.errors import LocalflashError
 from localflash.formats.gguf_meta import read_meta
 from localflash.llama.accounting import measure
-from localflash.plan.fit import (
-    GiB,
-    MiB,
-    Placement,
-    Pricer,
-    Wishes,
-    compute_bytes,
-    context_for_total,
-    kv_bytes_per_layer,
-    make_plan,
-    recurrent_bytes_per_layer,
-    runtime_kwargs,
-)
+from localflash.plan.costs import GiB, MiB, compute_bytes, kv_bytes_per_layer, recurrent_bytes_per_layer
+from localflash.plan.fit import context_for_total, make_plan, runtime_kwargs
+from localflash.plan.pricer import Placement, Pricer
+from localflash.plan.types import Wishes
 from localflash.testing.shaped import PRESETS, ModelSpec, write_preset, write_shaped
 from localflash.testing.tiny import TinySpec, write_target
 

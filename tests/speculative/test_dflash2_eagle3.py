@@ -253,7 +253,7 @@ def test_plan_prices_the_published_dflash2_and_eagle3_shapes(tmp_path):
 
     from localflash.plan.devices import Gpu, HostMemory
     from localflash.formats.gguf_meta import read_meta
-    from localflash.plan.fit import Wishes, make_plan
+    from localflash.plan import Wishes, make_plan
     from localflash.testing.shaped import PRESETS, write_preset, write_shaped
 
     gib = 1 << 30
