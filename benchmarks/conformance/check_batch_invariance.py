@@ -33,9 +33,10 @@ from pathlib import Path
 def prompt_tokens(m, n: int) -> list[int]:
     """``n`` tokens of chat-formatted Spec-Bench prompts (joined until long enough)."""
     from localflash.bench import rig as bl
+    from localflash.bench.prompts import spec_bench_groups
 
     text, toks = "", []
-    for p in bl.spec_bench(10):
+    for p in spec_bench_groups(10):
         text += p.text + "\n\n"
         toks = bl.render(m, text)[1]
         if len(toks) >= n:
@@ -119,10 +120,11 @@ def main(argv=None) -> int:
         lengths = [int(x) for x in a.ctx_tokens.split(",")] if a.ctx_tokens else [0]
         if lengths == [0]:
             from localflash.bench import rig as bl
+            from localflash.bench.prompts import spec_bench_groups
             from localflash.llama import Model, ModelOptions
 
             m = Model(path, ModelOptions(vocab_only=True))
-            lengths = [len(bl.render(m, next(x for x in bl.spec_bench(1) if x.category == "summarization").text)[1])]
+            lengths = [len(bl.render(m, next(x for x in spec_bench_groups(1) if x.category == "summarization").text)[1])]
             m.close()
         print(json.dumps(measure(path, int(t), r == "1", f == "1", lengths, batches, a.steps, x == "1")))
         return 0

@@ -51,6 +51,7 @@ def run_pair(pair: str, exact: bool, threads: int, lengths: list[int], ctx: int)
     import numpy as np
 
     from localflash.bench import rig as bl
+    from localflash.bench.prompts import HUMANEVAL_COMPLETE_INSTRUCTION, humaneval, spec_bench_groups
     from localflash.llama import Model, ModelOptions
     from localflash.config import config_from
     from localflash.engine import open_engine
@@ -61,7 +62,7 @@ def run_pair(pair: str, exact: bool, threads: int, lengths: list[int], ctx: int)
 
         exact_options(True)  # the process-wide switch, before the first context
     target = Model(base.target, ModelOptions(use_extra_bufts=not exact))
-    prompts = bl.spec_bench(1) + bl.humaneval(1)
+    prompts = spec_bench_groups(1) + humaneval(1, HUMANEVAL_COMPLETE_INSTRUCTION)
     tokenized = [bl.render(target, p.text)[1] for p in prompts]
     engines = {}
     for name, spec, k, adaptive in modes_for(pair):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 from localflash.bench import rig as bl  # noqa: E402
+from localflash.bench.prompts import spec_bench_groups  # noqa: E402
 
 
 def main() -> None:
@@ -26,7 +27,7 @@ def main() -> None:
     plain = open_engine(config_from(pair, None, None, threads=1, spec="none"))
     idle = open_engine(config_from(pair, None, None, threads=1))
     idle.policy.choose = lambda limit: 0  # same engine, never drafts
-    for p in bl.spec_bench(1)[:2]:
+    for p in spec_bench_groups(1)[:2]:
         for name, eng in (("plain", plain), ("no-draft", idle), ("plain", plain), ("no-draft", idle)):
             toks = bl.render(eng.target, p.text)[1]
             eng.reset()

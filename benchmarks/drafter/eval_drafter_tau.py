@@ -23,32 +23,18 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
-HUMANEVAL_WRAP = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{prompt}\n```"
+from localflash.bench.prompts import HUMANEVAL_DFLASH_INSTRUCTION, SPEC_BENCH_GROUPS as GROUPS, humaneval as humaneval_prompts, spec_bench_groups
 
 
 def spec_bench(per: int) -> dict[str, list[str]]:
-    from localflash.bench.run import prompt_set_rows
-
-    rows = prompt_set_rows("spec_bench")
-    out: dict[str, list[str]] = {g: [] for g in GROUPS}
-    by_cat: dict[str, list[str]] = {}
-    for r in rows:
-        by_cat.setdefault(r["category"], []).append(r["turns"][0])
-    mt = [by_cat[c][i] for i in range(10) for c in MT_BENCH]  # round-robin over the sub-categories
-    out["mt_bench"] = mt[:per]
-    for g in GROUPS[1:]:
-        out[g] = by_cat[g][:per]
-    return out
+    """The first ``per`` prompts of each Spec-Bench group (MT-Bench: round-robin over its sub-categories)."""
+    prompts = spec_bench_groups(per, spread_mt_bench=True)
+    return {g: [p.text for p in prompts if p.category == g] for g in GROUPS}
 
 
 def humaneval(per: int) -> list[str]:
-    from localflash.bench.run import prompt_set_rows
-
-    rows = prompt_set_rows("humaneval")
-    return [HUMANEVAL_WRAP.format(prompt=r["prompt"].strip()) for r in rows[:per]]
+    """The first ``per`` HumanEval problems, wrapped as the DFlash benchmark does."""
+    return [p.text for p in humaneval_prompts(per, HUMANEVAL_DFLASH_INSTRUCTION, strip=True)]
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ from localflash.errors import LocalflashError  # noqa: E402
 
 def bench_prompts(n: int) -> list[str]:
     """``n`` Spec-Bench first turns spread over its categories (the first 400 characters of each)."""
-    from localflash.bench.run import prompt_set_rows
+    from localflash.bench.prompts import prompt_set_rows
 
     rows = prompt_set_rows("spec_bench")
     picked = rows[:: max(1, len(rows) // n)][:n]

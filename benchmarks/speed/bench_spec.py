@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from localflash.bench import rig as bl  # noqa: E402
+from localflash.bench.prompts import HUMANEVAL_COMPLETE_INSTRUCTION, humaneval, spec_bench_groups  # noqa: E402
 
 from localflash.errors import LocalflashError  # noqa: E402
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = bl.mode_names(kinds, lengths, amax, adaptive=not a.no_adaptive)
 
     target = Model(cfg.target, ModelOptions(load_mtp=any(k.startswith("mtp") for k in kinds)))
-    prompts = bl.spec_bench(a.per_category) + bl.humaneval(a.humaneval)
+    prompts = spec_bench_groups(a.per_category) + humaneval(a.humaneval, HUMANEVAL_COMPLETE_INSTRUCTION)
     tokenized = [bl.render(target, p.text)[1] for p in prompts]
     n_ctx = max(512, -(-(max(len(t) for t in tokenized) + a.tokens + 32) // 256) * 256)
     bench = bl.build(cfg.target, drafters, specs, n_ctx=n_ctx, threads=a.threads, target=target)

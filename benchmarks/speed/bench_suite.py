@@ -35,6 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from localflash.bench import rig as bl  # noqa: E402
+from localflash.bench.prompts import HUMANEVAL_COMPLETE_INSTRUCTION, BenchPrompt, humaneval, spec_bench_groups  # noqa: E402
 
 ROOT = bl.ROOT
 PEER = ROOT / "peer" / "bin" / "llama-speculative-simple"
@@ -126,9 +127,9 @@ def threads_check(model: Path, seconds: float = 6.0) -> list[dict]:
     return out
 
 
-def schedule(prompts: list[bl.Prompt], tokens: list[int]) -> list[tuple[bl.Prompt, int]]:
+def schedule(prompts: list[BenchPrompt], tokens: list[int]) -> list[tuple[BenchPrompt, int]]:
     """Round robin over categories: round r takes prompt r of every category, at each token count."""
-    cats: dict[str, list[bl.Prompt]] = {}
+    cats: dict[str, list[BenchPrompt]] = {}
     for p in prompts:
         cats.setdefault(p.category, []).append(p)
     units = []
@@ -158,7 +159,7 @@ def run_pair(pair: str, a, budget_s: float, log) -> dict:
                 peer_modes += [(f"peer-{kind}-k{k}", kind, k) for k in a.lengths]
 
     target = Model(cfg.target)
-    prompts = bl.spec_bench(a.per_category) + bl.humaneval(a.humaneval)
+    prompts = spec_bench_groups(a.per_category) + humaneval(a.humaneval, HUMANEVAL_COMPLETE_INSTRUCTION)
     rendered = {p.id: bl.render(target, p.text) for p in prompts}
     n_ctx = max(1024, -(-(max(len(t) for _, t in rendered.values()) + max(a.tokens) + 64) // 256) * 256)
     bench = bl.build(cfg.target, drafters, specs, n_ctx=n_ctx, threads=a.threads, target=target)

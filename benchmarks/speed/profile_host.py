@@ -20,6 +20,7 @@ import pstats
 import sys
 
 from localflash.bench import rig as bl  # noqa: E402
+from localflash.bench.prompts import spec_bench_groups  # noqa: E402
 
 
 def micro() -> None:
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
             specs.append((name, kind, cfg.draft_max if rest == "adaptive" else int(rest[1:]), rest == "adaptive"))
     drafters = {k: ensure_drafter_file(cfg) for _, k, _, _ in specs if k in ("draft", "dflash")}
     target = Model(cfg.target)
-    prompts = bl.spec_bench(1)[: a.prompts]
+    prompts = spec_bench_groups(1)[: a.prompts]
     toks = [bl.render(target, p.text)[1] for p in prompts]
     bench = bl.build(cfg.target, drafters, specs, n_ctx=4096, threads=a.threads, target=target)
     try:

@@ -1,4 +1,7 @@
-"""Shared pieces of the benchmark scripts (bench_spec.py, bench_suite.py, device_check.py).
+"""The rig a benchmark runs on, and the shared pieces of the benchmark scripts (benchmarks/).
+
+Rig facts (:func:`cpu_name`, :func:`gpu_names`, :func:`rig_info`, :func:`machine_info`)
+name what a figure was measured on; ``localflash bench`` and ``localflash models`` use them too.
 
 One target model is loaded once. Each *mode* is an Engine with its own draft
 policy: plain decoding, or one drafter kind with a fixed draft length or the
@@ -29,18 +32,14 @@ from __future__ import annotations
 
 import os
 import platform
-import resource
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from localflash.bench.prompts import BenchPrompt
+
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (git commit in reports; peer/ builds)
-
-# Spec-Bench: MT-Bench's eight categories count as one, the other five as they are.
-MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
-HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n```python\n{prompt}\n```"
-
 
 # -- environment ----------------------------------------------------------------
 
@@ -65,36 +64,6 @@ def set_omp_wait(policy: str) -> None:
 
 
 # -- prompts ------------------------------------------------------------------
-
-@dataclass
-class Prompt:
-    id: str
-    category: str
-    text: str
-
-
-def spec_bench(per_category: int) -> list[Prompt]:
-    """The first ``per_category`` first-turn prompts of each of Spec-Bench's six categories."""
-    from localflash.bench.run import prompt_set_rows
-
-    rows = prompt_set_rows("spec_bench")
-    out: list[Prompt] = []
-    seen: dict[str, int] = {}
-    for r in rows:
-        cat = "mt_bench" if r["category"] in MT_BENCH else r["category"]
-        if seen.get(cat, 0) >= per_category:
-            continue
-        seen[cat] = seen.get(cat, 0) + 1
-        out.append(Prompt(f"sb{r['question_id']}", cat, r["turns"][0]))
-    return out
-
-
-def humaneval(n: int) -> list[Prompt]:
-    from localflash.bench.run import prompt_set_rows
-
-    rows = prompt_set_rows("humaneval")
-    return [Prompt(r["task_id"], "humaneval", HUMANEVAL_INSTRUCTION.format(prompt=r["prompt"])) for r in rows[:n]]
-
 
 def render(model, text: str) -> tuple[str, list[int]]:
     """The chat-formatted prompt text (what a C++ peer is given) and its tokens."""
@@ -248,7 +217,7 @@ class Run:
         return (self.generated - 1) / self.t_decode if self.t_decode > 0 else 0.0
 
 
-def run_one(bench: Bench, mode: Mode, prompt: Prompt, tokens: list[int], max_tokens: int) -> Run:
+def run_one(bench: Bench, mode: Mode, prompt: BenchPrompt, tokens: list[int], max_tokens: int) -> Run:
     """Generate greedily from an empty cache; split the decode phase by the decode timers."""
     from localflash.speculative.stats import Stats
 
@@ -331,20 +300,66 @@ def fmt_pos(acc: list[float], n: int = 8) -> str:
 
 # -- the machine ----------------------------------------------------------------
 
-def machine_info() -> dict:
-    cpu = "?"
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo, sysctl on macOS, else what platform knows)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return " ".join(line.split(":", 1)[1].split())
     except OSError:
         pass
+    if platform.system() == "Darwin":
+        try:
+            return subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5
+            ).stdout.strip() or platform.machine()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def gpu_names() -> list[str]:
+    """The names of the NVIDIA GPUs here (NVML, nvidia-smi or /proc/driver/nvidia; none: [])."""
+    from localflash.plan.devices import detect
+
+    names = [g.name for g in detect()]  # NVML when nvidia-ml-py is installed
+    if names:
+        return names
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
+        names = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+        if names:
+            return names
+    except (OSError, subprocess.SubprocessError):
+        pass
+    names = []
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        for line in info.read_text(errors="replace").splitlines():
+            if line.startswith("Model:"):
+                names.append(line.split(":", 1)[1].strip())
+    return names
+
+
+def rig_info(n_gpu_layers: int) -> dict:
+    """What the numbers were measured on: CPU, GPUs in use (if the build and flags offload), threads."""
+    from localflash.llama.bindings import lib
+
+    gpus = gpu_names() if n_gpu_layers != 0 and lib().llama_supports_gpu_offload() else []
+    cpu = cpu_name()
+    name = " + ".join(gpus) if gpus else f"{cpu} (CPU, {os.cpu_count()} threads)"
+    return {"name": name, "cpu": cpu, "gpus": gpus, "cpu_count": os.cpu_count(), "system": platform.system()}
+
+
+def machine_info() -> dict:
+    """The machine and software versions a script's figures come from (for its JSON report)."""
     import llama_cpp
     import numpy
 
     info = {
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "os": platform.platform(),
@@ -372,5 +387,11 @@ def load_snapshot() -> dict:
     return snap
 
 
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def peak_rss_bytes() -> int | None:
+    """Peak resident memory of this process in bytes (None where unknown: Windows)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if platform.system() == "Darwin" else peak * 1024

@@ -106,7 +106,8 @@ def chat(
     plain: bool = typer.Option(False, "--plain", help="No live status line, even on a terminal."),
 ):
     """Chat with a model: streamed replies, live tok/s and acceptance, slash commands (/help)."""
-    from localflash.bench.run import load_verdict, pair_key, rig_info
+    from localflash.bench.rig import rig_info
+    from localflash.bench.verdicts import load_verdict, pair_key
     from localflash.cli.chat import ChatSession, LiveUI, PlainUI
     from localflash.engine import open_engine
 
@@ -153,7 +154,10 @@ def bench(
 
     from rich.console import Console
 
-    from localflash.bench.run import PROMPT_SETS, check_modes, load_prompts, print_report, run_bench, save_verdict
+    from localflash.bench.prompts import PROMPT_SETS, load_prompts
+    from localflash.bench.run import check_modes, run_bench
+    from localflash.bench.verdicts import save_verdict
+    from localflash.cli.bench_report import print_report
 
     if limit is None:
         limit = 3 if prompts in PROMPT_SETS else 0
@@ -274,14 +278,15 @@ def models(
     from rich.table import Table
     from rich.text import Text
 
-    from localflash.bench.run import _cpu_name, all_verdicts, pair_key
+    from localflash.bench.rig import cpu_name
+    from localflash.bench.verdicts import all_verdicts, pair_key
     from localflash.registry.check import list_rows
     from localflash.registry.pairs import config_dir, load_pairs
     from localflash.cli.render import fmt_bytes
 
     pairs = load_pairs()
     rows = list_rows(pairs)
-    cpu = _cpu_name()
+    cpu = cpu_name()
     verdicts = {}
     for v in sorted(all_verdicts(), key=lambda v: v.get("date", "")):
         if v.get("rig_info", {}).get("cpu") == cpu:

@@ -76,7 +76,7 @@ class ChatSession(Conversation):
     ):
         start_on = True
         if verdict is not None:
-            from localflash.bench.run import apply_verdict
+            from localflash.bench.verdicts import apply_verdict
 
             start_on = apply_verdict(engine, verdict)
         session = Session(engine, draft_mode=draft_mode, gate=PhaseGate(start_on=start_on))

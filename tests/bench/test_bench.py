@@ -7,7 +7,9 @@ import math
 
 import pytest
 
-from localflash.bench.run import COUNTS, load_prompts, load_verdict, pair_key, verdict_path
+from localflash.bench.prompts import load_prompts
+from localflash.bench.run import COUNTS
+from localflash.bench.verdicts import load_verdict, pair_key, verdict_path
 from localflash.errors import LocalflashError
 
 PROMPTS = [
@@ -145,7 +147,7 @@ def test_prompt_sets_ship_with_the_package():
 
 
 def test_prompt_set_errors_are_one_clear_line(tmp_path, monkeypatch):
-    from localflash import bench
+    from localflash.bench import prompts as bench
 
     monkeypatch.setitem(bench.PROMPT_SET_FILES, "spec_bench", "absent.jsonl.gz")  # a broken install
     with pytest.raises(LocalflashError) as e:

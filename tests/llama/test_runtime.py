@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localflash.bench.run import prompt_set_rows
+from localflash.bench.prompts import prompt_set_rows
 from localflash.llama import Context, ContextOptions, Model
 from localflash.speculative.loop import Engine
 
