@@ -74,11 +74,13 @@ class LLM:
         self, prompt_or_messages, *, max_tokens: int | None = 256, temperature: float = 0.0, top_k: int = 40, top_p: float = 1.0,
         min_p: float = 0.0, seed: int | None = None, stop: list[str] | str | None = None, tools: list[dict] | None = None,
         system: str | None = None, raw: bool = False, thinking: bool | None = None, cancel=None, sampling=None,
+        draft_max: int | None = None,
     ) -> Generation:
         """Check and render the request and return its :class:`~localflash.session.Generation`.
 
         Every check happens here, before any token is decoded: bad values raise
         LocalflashError, a prompt that does not fit raises ContextOverflow.
+        ``draft_max`` caps this request's draft length (0: plain decoding); None: the loaded drafter's.
         """
         self._check_open()
         if sampling is None:
@@ -86,7 +88,7 @@ class LLM:
         if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
             raise LocalflashError("tools must be a list of dicts (OpenAI function specs)")
         tokens, text = self.session.encode(prompt_or_messages, system=system, raw=raw, thinking=thinking, tools=tools)
-        return self.session.start(tokens, text, max_tokens=max_tokens, sampling=sampling, stop=stop, cancel=cancel)
+        return self.session.start(tokens, text, max_tokens=max_tokens, sampling=sampling, stop=stop, cancel=cancel, draft_max=draft_max)
 
     def stream(self, prompt_or_messages, **kw) -> Iterator[Chunk]:
         """Chunks as they decode; the last one has ``finish_reason`` set. Options: see :meth:`start`.

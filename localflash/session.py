@@ -41,6 +41,10 @@ class Chunk:
     prompt_tokens: int
     cached_tokens: int  # prompt tokens reused from the engine cache
     phase: str = "answer"  # think | answer, after this chunk
+    # where the tokens came from (sums over a reply: Stats.drafted, Stats.accepted, Stats.generated tokens)
+    drafted: int = 0  # draft tokens proposed in the cycle(s) since the previous chunk
+    accepted: int = 0  # of those, accepted: the first ``accepted`` of token_ids; the rest are the target's own
+    token_chars: list[int] = field(default_factory=list)  # characters each of token_ids added to the text before stop holdback
 
 
 @dataclass
@@ -173,8 +177,11 @@ class Session:
         self.apply_draft_mode("answer")
 
     # -- requests ---------------------------------------------------------------------
-    def start(self, tokens: list[int], text: str = "", *, max_tokens: int | None = 256, sampling=None, stop: list[str] | None = None, cancel=None) -> "Generation":
+    def start(self, tokens: list[int], text: str = "", *, max_tokens: int | None = 256, sampling=None, stop: list[str] | None = None, cancel=None,
+              draft_max: int | None = None) -> "Generation":
         """Check the request and return its Generation (iterate it for chunks).
+
+        ``draft_max`` caps this request's draft length (0: no drafting); None keeps the session's.
 
         Raises :class:`ContextOverflow` when the prompt leaves no room to generate.
         Starting a request ends an unfinished earlier one (its engine state is kept).
@@ -191,16 +198,18 @@ class Session:
             stop = [stop]
         if stop is not None and not all(isinstance(s, str) for s in stop):
             raise LocalflashError("stop must be a string or a list of strings")
+        if draft_max is not None and (isinstance(draft_max, bool) or not isinstance(draft_max, int) or draft_max < 0):
+            raise LocalflashError(f"draft_max must be a whole number of at least 0, got {draft_max!r}")
         if self.active is not None:
             self.active.close()
-        self.active = Generation(self, list(tokens), text, max_tokens, sampling, stop, cancel)
+        self.active = Generation(self, list(tokens), text, max_tokens, sampling, stop, cancel, draft_max)
         return self.active
 
 
 class Generation:
     """One request on a Session: iterate it for Chunks; it keeps the totals as it goes."""
 
-    def __init__(self, session: Session, prompt: list[int], prompt_text: str, max_tokens: int, sampling, stop, cancel):
+    def __init__(self, session: Session, prompt: list[int], prompt_text: str, max_tokens: int, sampling, stop, cancel, draft_max=None):
         from localflash.prompt import TextStream
 
         self.session = session
@@ -208,6 +217,7 @@ class Generation:
         self.max_tokens = max_tokens
         self.sampling = sampling
         self.cancel = cancel
+        self.draft_max = draft_max
         self.stats = Stats()
         self.prompt_tokens = len(prompt)
         self.cached_tokens = self.stats.cached_tokens = session.cached_prefix(prompt)
@@ -220,6 +230,7 @@ class Generation:
         self.t_first: float | None = None
         self._detok = TextStream(session.model)
         self._stops = StopMatcher(stop)
+        self._told = (0, 0)  # (drafted, accepted) already reported in chunks
         self._it = self._run()
 
     def __iter__(self):
@@ -243,8 +254,11 @@ class Generation:
     def _cancelled(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()
 
-    def _chunk(self, text: str, ids: list[int], finish: str | None = None) -> Chunk:
-        return Chunk(text, ids, finish, self.stats, self.prompt_tokens, self.cached_tokens, self.tracker.phase)
+    def _chunk(self, text: str, ids: list[int], finish: str | None = None, chars: list[int] | None = None) -> Chunk:
+        st, (drafted, accepted) = self.stats, self._told
+        self._told = (st.drafted, st.accepted)
+        return Chunk(text, ids, finish, st, self.prompt_tokens, self.cached_tokens, self.tracker.phase,
+                     st.drafted - drafted, st.accepted - accepted, chars or [])
 
     def _run(self):
         s, st = self.session, self.stats
@@ -255,8 +269,9 @@ class Generation:
             st.stop = "cancelled"
             yield self._finish("")
             return
-        gen = eng.generate(self.prompt, self.max_tokens, self.sampling, st)
+        gen = eng.generate(self.prompt, self.max_tokens, self.sampling, st, self.draft_max)
         last: list[int] = []
+        chars: list[int] = []
         tail = ""
         try:
             prev, t_prev = copy.deepcopy(st), time.perf_counter()
@@ -280,7 +295,8 @@ class Generation:
                             self.notes.append(msg)
                 prev, t_prev = copy.deepcopy(st), now
                 self.tokens += new
-                piece = self._detok.push(new)
+                parts = [self._detok.push([t]) for t in new]  # one token at a time: each token's share of the text
+                piece, chars = "".join(parts), [len(p) for p in parts]
                 if piece:
                     self.tracker.feed(piece)
                 s.apply_draft_mode(self.tracker.phase)
@@ -289,7 +305,7 @@ class Generation:
                     st.stop, last, tail = "stop", new, out
                     break
                 self.text += out
-                yield self._chunk(out, new)
+                yield self._chunk(out, new, chars=chars)
                 if self._cancelled():
                     st.stop = "cancelled"
                     break
@@ -299,7 +315,7 @@ class Generation:
                 st.stop = "cancelled"  # the caller closed the stream
             if self.session.active is self:
                 self.session.active = None
-        yield self._finish(tail if st.stop == "stop" else self._last_text(), last)  # after a stop string: nothing more
+        yield self._finish(tail if st.stop == "stop" else self._last_text(), last, chars if last else None)  # after a stop string: nothing more
 
     def _last_text(self) -> str:
         out, hit = self._stops.push(self._detok.flush())
@@ -308,10 +324,10 @@ class Generation:
             return out
         return out + self._stops.flush()
 
-    def _finish(self, text: str, ids: list[int] | None = None) -> Chunk:
+    def _finish(self, text: str, ids: list[int] | None = None, chars: list[int] | None = None) -> Chunk:
         self.text += text
         self.finish_reason = FINISH.get(self.stats.stop, "stop")
-        return self._chunk(text, ids or [], self.finish_reason)
+        return self._chunk(text, ids or [], self.finish_reason, chars)
 
     def _prefill_in_steps(self) -> float:
         """A long uncached prompt part is prefilled batch by batch here, checking ``cancel`` in between."""

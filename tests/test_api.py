@@ -202,3 +202,30 @@ def test_tools_and_tool_results_go_through_the_template(tiny_dir):
         assert llm.count_tokens(messages, tools=tools) > llm.count_tokens(messages)
         done = llm.chat(messages, tools=tools, max_tokens=4)
         assert done.completion_tokens == 4 and done.prompt_tokens == llm.count_tokens(messages, tools=tools)
+
+
+def test_chunks_say_which_tokens_were_accepted_drafts_and_draft_max_caps_one_request(tiny_target, tiny_drafters):
+    with localflash.load(model=tiny_target, drafter=tiny_drafters["near"], spec="draft", threads=1, fixed=True) as tiny:
+        _provenance_sums_and_caps(tiny)
+
+
+def _provenance_sums_and_caps(tiny):
+    prompt = [{"role": "user", "content": "Tell me a long story about a lighthouse."}]
+    full = tiny.chat(prompt, max_tokens=64)
+    stop = full.text[len(full.text) // 2 :][:4]
+    runs = {}
+    for name, kw in (("on", {}), ("cap 2", {"draft_max": 2}), ("off", {"draft_max": 0}), ("stop", {"stop": [stop]})):
+        chunks = list(tiny.chat(prompt, stream=True, max_tokens=64, **kw))
+        st = chunks[-1].stats
+        assert sum(c.accepted for c in chunks) == st.accepted and sum(c.drafted for c in chunks) == st.drafted, name
+        assert sum(len(c.token_chars) for c in chunks) == st.generated == sum(len(c.token_ids) for c in chunks), name
+        assert all(len(c.token_chars) == len(c.token_ids) and c.accepted <= len(c.token_ids) for c in chunks), name
+        runs[name] = ("".join(c.text for c in chunks), sum(sum(c.token_chars) for c in chunks), st, max(c.drafted for c in chunks))
+    text, chars, st, _ = runs["on"]
+    assert text == full.text and chars == len(text) and st.accepted > 0  # each token's share of the text adds up to it
+    assert runs["cap 2"][0] == runs["off"][0] == text  # lossless at any draft length
+    assert runs["cap 2"][3] == 2 and runs["cap 2"][2].accepted > 0
+    assert runs["off"][2].drafted == runs["off"][3] == 0
+    assert runs["stop"][0] == text[: text.index(stop)] and runs["stop"][1] >= len(runs["stop"][0])
+    with pytest.raises(LocalflashError, match="draft_max"):
+        tiny.chat(prompt, max_tokens=4, draft_max=-1)

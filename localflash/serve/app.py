@@ -23,7 +23,7 @@ from localflash import __version__
 from localflash.errors import ContextOverflow, LocalflashError
 from localflash.serve import schemas as S
 from localflash.serve.metrics import Metrics
-from localflash.serve.replies import ChatReply, CompletionReply, finish_reason, new_id, timings
+from localflash.serve.replies import ChatReply, CompletionReply, finish_reason, new_id, provenance, timings
 from localflash.serve.worker import Job, QueueFull, Worker
 
 OPEN_PATHS = {"/health", "/v1/health", "/v1/models", "/models", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
@@ -143,7 +143,7 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
 
     def sampling(body: S._Generation, max_tokens: int | None) -> dict:
         return dict(max_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
-                    min_p=body.min_p, seed=body.seed, stop=stops(body))
+                    min_p=body.min_p, seed=body.seed, stop=stops(body), draft_max=body.speculative_n_max)
 
     async def start(kind: str, prompt, params: dict, request: Request) -> tuple[Job, tuple]:
         """Queue a job and wait until it starts decoding (an error is raised before any header is sent)."""
@@ -220,8 +220,10 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
                     yield _data(error_from(val).body())
                     return
                 if kind == "chunk":
-                    for d in reply.feed(val.text):
-                        yield _data(reply.chunk(d))
+                    extra = provenance(val)  # on the first delta; a cycle whose text is held back still reports
+                    for d in reply.feed(val.text) or ([{}] if val.token_ids or val.drafted else []):
+                        yield _data(reply.chunk(d, **extra))
+                        extra = {}
                     last = val if val.finish_reason else last
                 elif kind == "done":
                     last = val or last
@@ -269,8 +271,8 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
                     yield _data(error_from(val).body())
                     return
                 if kind == "chunk":
-                    if val.text:
-                        yield _data(reply.chunk(val.text))
+                    if val.text or val.token_ids or val.drafted:
+                        yield _data(reply.chunk(val.text, **provenance(val)))
                     last = val if val.finish_reason else last
                 elif kind == "done":
                     last = val or last

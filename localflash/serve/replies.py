@@ -47,6 +47,16 @@ def timings(last) -> dict:
     }
 
 
+def provenance(chunk) -> dict:
+    """The optional ``localflash`` field of a streamed chunk: how its cycle's tokens were made (README: serve).
+
+    ``chars[i]``: characters token i added to the reply's text (before stop-string holdback);
+    the first ``accepted`` tokens are accepted drafts, the rest the target's own; ``drafted``:
+    draft tokens proposed. Over a reply they sum to timings' draft_n_accepted, draft_n, predicted_n.
+    """
+    return {"localflash": {"drafted": chunk.drafted, "accepted": chunk.accepted, "chars": chunk.token_chars}}
+
+
 def finish_reason(last, has_calls: bool) -> str:
     reason = FINISH.get(last.finish_reason or "stop", "stop")
     return "tool_calls" if has_calls and reason == "stop" else reason

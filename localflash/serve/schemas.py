@@ -83,6 +83,8 @@ class _Generation(_Request):
     frequency_penalty: float = Field(0.0, description="Only 0 is supported.")
     logit_bias: dict[str, float] | None = Field(None, description="Not supported (leave out or empty).")
     user: str | None = None
+    speculative_n_max: int | None = Field(None, alias="speculative.n_max", ge=0,
+                                          description="llama-server's name: this request's longest draft (0: no drafting).")
 
 
 class ChatCompletionRequest(_Generation):

@@ -34,8 +34,12 @@ class Engine:
         self.calibrated = False
         self.drafting = True  # switched off by /draft off or a phase policy
 
-    def generate(self, prompt: list[int], max_tokens: int, sampling: SamplingParams | None = None, stats: Stats | None = None) -> Iterator[list[int]]:
-        """Yield the new tokens of each cycle; fill ``stats`` as it goes."""
+    def generate(self, prompt: list[int], max_tokens: int, sampling: SamplingParams | None = None, stats: Stats | None = None,
+                 draft_max: int | None = None) -> Iterator[list[int]]:
+        """Yield the new tokens of each cycle (accepted drafts first, then the target's own); fill ``stats`` as it goes.
+
+        ``draft_max`` caps this request's draft length (0: plain decoding).
+        """
         st = stats if stats is not None else Stats()
         st.drafter = self.drafter.name if self.policy.max_draft else "none"
         sample = Sampler(sampling)
@@ -69,7 +73,7 @@ class Engine:
                 if room < 0:
                     st.stop = "context"
                     return
-                limit = min(room, max_tokens - st.generated - 1)
+                limit = min(room, max_tokens - st.generated - 1, self.policy.max_draft if draft_max is None else draft_max)
                 drafting = self.drafting and n_past + 1 + self.policy.max_draft <= self.drafter.ctx_limit
                 k = self.policy.choose(limit) if drafting else 0
                 td = time.perf_counter()
