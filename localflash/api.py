@@ -10,18 +10,37 @@
 Loading goes through the same path as the CLI (``engine.open_engine``: pairs,
 plan, drafter); requests run on :mod:`localflash.session`, which reuses the
 engine's cache across requests. One caller at a time: an LLM is not thread-safe.
+
+The command line and the server are built on this module only: :meth:`LLM.info`
+says what was loaded, :meth:`LLM.conversation` is a multi-turn chat with its
+drafting phases, :meth:`LLM.off_reason` explains an adaptive drafter that stays off.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from localflash.errors import LocalflashError
-from localflash.session import Chunk, Completion, Generation, Session
+from localflash.phases import PHASES
+from localflash.session import Chunk, Completion, Conversation, Generation, Session
+from localflash.speculative.stats import STOP_REASONS, Stats
 
-__all__ = ["load", "open_llm", "LLM", "Chunk", "Completion"]
+__all__ = [
+    "load", "open_llm", "drafter_kind", "LLM", "LLMInfo", "Conversation", "Generation", "Chunk", "Completion", "Stats",
+    "SamplingParams", "STOP_REASONS", "PHASES", "set_verbose",
+]
+
+
+def __getattr__(name):  # SamplingParams pulls in numpy: only on first use, so importing this module stays light
+    if name == "SamplingParams":
+        from localflash.speculative.sampling import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load(pair: str | None = None, *, draft: str = "on", **options) -> "LLM":
@@ -50,6 +69,46 @@ def open_llm(cfg, draft: str = "on") -> "LLM":
         raise
 
 
+def drafter_kind(cfg) -> str:
+    """The drafter kind a ``RunConfig`` asks for, ``--spec auto`` resolved without loading anything.
+
+    ``auto``: the drafter file's kind (by its architecture), ``draft`` for a drafter
+    made from the target on first use, else ``mtp`` when the target has MTP layers,
+    else ``ngram``.
+    """
+    if cfg.spec != "auto":
+        return cfg.spec
+    from localflash.formats.gguf_meta import read_meta
+
+    if cfg.drafter is not None and cfg.drafter.exists():
+        from localflash.archs import kind_of_drafter_arch
+        from localflash.llama import check_gguf
+
+        return kind_of_drafter_arch(read_meta(check_gguf(cfg.drafter)).arch)
+    if cfg.derive:
+        return "draft"
+    from localflash.engine import nextn_layers
+
+    return "mtp" if nextn_layers(cfg.target) else "ngram"
+
+
+@dataclass(frozen=True)
+class LLMInfo:
+    """What an LLM loaded and how it runs (``LLM.info()``): what the CLI and the server show."""
+
+    name: str  # the pair's name, else the target file's stem
+    pair: str | None
+    target: Path
+    drafter: str  # the drafter kind in use; "none" for plain decoding
+    drafter_file: Path | None  # the drafter GGUF (None: ngram, MTP or none)
+    n_ctx: int  # the context it runs with (the plan may have rounded or shrunk the wish)
+    draft_max: int  # longest draft per cycle (0: no drafter)
+    adaptive: bool  # the draft length follows measured acceptance and costs
+    threads: int  # CPU threads asked for (0: automatic)
+    rollback: str  # how the target cache takes back rejected drafts: kv | snapshot | replay
+    plan: Any = None  # the memory plan it loaded with (:class:`localflash.plan.fit.Plan`); None without one
+
+
 class LLM:
     """A loaded target (+ drafter) with its cache; see the module docstring."""
 
@@ -69,6 +128,54 @@ class LLM:
     def drafter(self) -> str:
         """The drafter's name, "none" for plain decoding."""
         return self.engine.drafter.name if self.session.has_drafter else "none"
+
+    def info(self) -> LLMInfo:
+        """What is loaded (files, drafter, context, plan); see :class:`LLMInfo`."""
+        cfg, policy = self.config, self.engine.policy
+        return LLMInfo(
+            name=self.name,
+            pair=getattr(cfg, "pair", None),
+            target=Path(cfg.target) if cfg is not None else Path(self.target.path),
+            drafter=self.drafter,
+            drafter_file=Path(cfg.drafter) if cfg is not None and cfg.drafter else None,
+            n_ctx=self.n_ctx,
+            draft_max=policy.max_draft,
+            adaptive=policy.adaptive,
+            threads=getattr(cfg, "threads", 0),
+            rollback=self.engine.ctx.rollback_path,
+            plan=getattr(self.engine, "plan", None),
+        )
+
+    def off_reason(self) -> str | None:
+        """Why the adaptive draft length keeps drafting off, in measured numbers; None while drafting pays (or before it was measured)."""
+        return self.engine.policy.off_reason() if self.engine.calibrated else None
+
+    def conversation(
+        self, *, system: str | None = None, thinking: bool | None = None, max_tokens: int = 1024,
+        draft: str | None = None, verdict: dict | None = None,
+    ) -> Conversation:
+        """A multi-turn chat on this LLM's cache (the history, its trimming, per-phase drafting).
+
+        ``draft``: on | off | auto (per think/answer phase, only where drafting pays);
+        None keeps this LLM's mode. ``verdict``: the saved bench verdict of this
+        drafter on this rig (``localflash bench``): its acceptance per draft position
+        seeds the draft-length policy and its speedup decides whether ``auto`` starts
+        drafting. ``thinking`` is dropped for a template without the switch.
+        Requests through :meth:`start` and the others share the same session afterwards.
+        """
+        self._check_open()
+        from localflash.phases import PhaseGate
+
+        start_on = True
+        if verdict is not None:
+            from localflash.bench.verdicts import apply_verdict
+
+            start_on = apply_verdict(self.engine, verdict)
+        if self.session.active is not None:
+            self.session.active.close()
+        self.session = Session(self.engine, draft_mode=draft or self.session.draft_mode, gate=PhaseGate(start_on=start_on))
+        thinking = thinking if self.session.can_think else None
+        return Conversation(self.session, system=system, thinking=thinking, max_tokens=max_tokens)
 
     def start(
         self, prompt_or_messages, *, max_tokens: int | None = 256, temperature: float = 0.0, top_k: int = 40, top_p: float = 1.0,
@@ -119,7 +226,7 @@ class LLM:
     def reset(self) -> None:
         """Forget the cached tokens (the next request prefills from scratch)."""
         self._check_open()
-        self.engine.reset()
+        self.session.reset()
 
     def close(self) -> None:
         if not self._closed:
@@ -142,6 +249,13 @@ class LLM:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"ctx {self.n_ctx}, drafter {self.drafter}"
         return f"<LLM {self.name}: {state}>"
+
+
+def set_verbose(on: bool = True) -> None:
+    """Show llama.cpp's own log on stderr (off by default)."""
+    from localflash.llama import set_verbose as llama_verbose
+
+    llama_verbose(on)
 
 
 def sampling_params(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, seed=None):

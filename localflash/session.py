@@ -110,6 +110,20 @@ class Session:
     def n_ctx(self) -> int:
         return self.engine.ctx.n_ctx
 
+    @property
+    def n_cached(self) -> int:
+        """Tokens in the engine's cache now."""
+        return len(self.engine.tokens)
+
+    @property
+    def drafting(self) -> bool:
+        """Whether the next cycle drafts (the draft mode and, under ``auto``, the phase gate decide)."""
+        return self.engine.drafting
+
+    def reset(self) -> None:
+        """Forget the cached tokens (the next request prefills from scratch)."""
+        self.engine.reset()
+
     # -- prompts -------------------------------------------------------------------
     def render(self, messages: list[dict], thinking: bool | None = None, tools: list[dict] | None = None) -> str:
         from localflash.prompt import render_chat
@@ -364,6 +378,34 @@ class Conversation:
         self.first = 0
         self.dropped = 0  # turns dropped so far
         self.last_trim = (0, 0)  # (turns, tokens) the last build_prompt dropped
+
+    # what the session decides, seen from the conversation
+    n_ctx = property(lambda self: self.session.n_ctx)
+    n_cached = property(lambda self: self.session.n_cached)
+    can_think = property(lambda self: self.session.can_think)
+    has_drafter = property(lambda self: self.session.has_drafter)
+    draft_mode = property(lambda self: self.session.draft_mode)
+    drafting = property(lambda self: self.session.drafting)
+    gate = property(lambda self: self.session.gate)
+
+    def set_draft_mode(self, mode: str) -> None:
+        """on | off | auto (a session without a drafter stays off)."""
+        self.session.set_draft_mode(mode)
+
+    def start(self, tokens: list[int], text: str = "", *, sampling=None, cancel=None) -> "Generation":
+        """The reply to a prompt from :meth:`build_prompt` (up to ``max_tokens``); iterate it for chunks."""
+        return self.session.start(tokens, text, max_tokens=self.max_tokens, sampling=sampling, cancel=cancel)
+
+    def add_turn(self, user: str, reply: str, meta: dict | None = None) -> None:
+        """Append a finished turn to the history (``meta``: kept with the reply, never sent to the template)."""
+        self.messages.append({"role": "user", "content": user})
+        self.messages.append({"role": "assistant", "content": reply, **({"meta": meta} if meta is not None else {})})
+
+    def clear(self) -> None:
+        """Forget every turn and the cache (the system prompt and the thinking switch stay)."""
+        self.messages.clear()
+        self.first = 0
+        self.session.reset()
 
     def reserve(self) -> int:
         """Room kept free for the reply when deciding whether the history still fits."""

@@ -21,19 +21,22 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Optional
 
+import typer
 from rich.text import Text
 
-from localflash.cli.chat_ui import LiveUI, PlainUI, StopFlag  # noqa: F401 (re-exported)
+from localflash.api import PHASES, Stats
+from localflash.cli.app import app, fail
+from localflash.cli.chat_ui import LiveUI, PlainUI, StopFlag
+from localflash.cli.options import MAX_TOKENS, SYSTEM, LoadFlags, SamplingFlags, shared_options, use
 from localflash.errors import LocalflashError
-from localflash.phases import PHASES, PhaseGate, PhaseTracker, diff_stats, initial_phase  # noqa: F401 (re-exported)
-from localflash.session import Conversation, Session
-from localflash.speculative.stats import Stats
 
 HELP = [
     ("/reset", "forget the conversation (the system prompt stays)"),
@@ -45,6 +48,40 @@ HELP = [
     ("/save FILE", "write the transcript as JSON"),
     ("/quit", "leave (Ctrl-D too)"),
 ]
+
+
+@app.command()
+@shared_options
+def chat(
+    load: LoadFlags = use(),
+    draft: str = typer.Option("auto", "--draft", help="on | off | auto (per phase, where drafting pays)."),
+    max_tokens: int = MAX_TOKENS.option(1024),
+    sampling: SamplingFlags = use(temp=0.8, top_p=0.95, min_p=0.05),
+    system: Optional[str] = SYSTEM.option(),
+    think: Optional[bool] = typer.Option(None, "--think/--no-think", help="Thinking on/off (templates that have the switch)."),
+    plain: bool = typer.Option(False, "--plain", help="No live status line, even on a terminal."),
+):
+    """Chat with a model: streamed replies, live tok/s and acceptance, slash commands (/help)."""
+    from localflash.api import open_llm
+    from localflash.bench.rig import rig_info
+    from localflash.bench.verdicts import load_verdict, pair_key
+
+    if draft not in ("on", "off", "auto"):
+        fail(f"--draft must be on, off or auto, got {draft!r}")
+    params = sampling.params()
+    cfg = load.config()
+    with open_llm(cfg) as llm:
+        verdict = None
+        if draft == "auto" and llm.info().draft_max:
+            found = load_verdict(rig_info(cfg.n_gpu_layers)["name"], pair_key(cfg.target, cfg.drafter))
+            verdict = (found or {}).get("modes", {}).get(llm.drafter)
+        live = not plain and sys.stdin.isatty() and sys.stdout.isatty()
+        session = ChatSession(
+            llm, LiveUI() if live else PlainUI(), params, max_tokens=max_tokens, system=system,
+            thinking=think, draft_mode=draft, verdict=verdict,
+            info={"pair": cfg.pair, "target": str(cfg.target), "drafter": str(cfg.drafter) if cfg.drafter else None},
+        )
+        session.loop()
 
 
 # -- the session ------------------------------------------------------------------
@@ -59,12 +96,12 @@ class Reply:
     prompt_tokens: int
 
 
-class ChatSession(Conversation):
-    """A conversation in the terminal: the session's history and template, plus commands, streaming and stats."""
+class ChatSession:
+    """A conversation in the terminal: the API's :class:`~localflash.session.Conversation` plus commands, streaming and stats."""
 
     def __init__(
         self,
-        engine,
+        llm,
         ui,
         sampling,
         max_tokens: int = 1024,
@@ -74,55 +111,41 @@ class ChatSession(Conversation):
         verdict: dict | None = None,
         info: dict | None = None,
     ):
-        start_on = True
-        if verdict is not None:
-            from localflash.bench.verdicts import apply_verdict
-
-            start_on = apply_verdict(engine, verdict)
-        session = Session(engine, draft_mode=draft_mode, gate=PhaseGate(start_on=start_on))
-        super().__init__(session, system=system, thinking=thinking if session.can_think else None, max_tokens=max_tokens)
-        self.engine = engine
-        self.model = engine.target
+        self.llm = llm
+        self.conv = llm.conversation(system=system, thinking=thinking, max_tokens=max_tokens, draft=draft_mode, verdict=verdict)
         self.ui = ui
         self.sampling = sampling
         self.requested_thinking = thinking
         self.info = info or {}
         self.verdict = verdict
         self.turn_no = 0
-        self.total = Stats(drafter=engine.drafter.name if session.has_drafter else "none")
+        self.total = Stats(drafter=llm.drafter)
         self.phase_total: dict[str, Stats] = {}
         self.last: Reply | None = None
 
-    can_think = property(lambda self: self.session.can_think)
-    has_drafter = property(lambda self: self.session.has_drafter)
-    gate = property(lambda self: self.session.gate)
-    policies = property(lambda self: self.session.policies)
-    draft_mode = property(lambda self: self.session.draft_mode)
-
-    def build_prompt(self, user: str) -> tuple[list[int], str]:
-        tokens, text = super().build_prompt(user)
-        turns, dropped = self.last_trim
+    def _trim_notice(self, n_prompt: int) -> None:
+        turns, dropped = self.conv.last_trim
         if turns:
             self.ui.notice(
                 f"context full: dropped the {'oldest turn' if turns == 1 else f'oldest turns, {turns} of them'} ({dropped} tokens): "
-                f"the prompt is now {len(tokens)} of {self.session.n_ctx}, so the next turns reuse the cache; the system prompt stays"
+                f"the prompt is now {n_prompt} of {self.conv.n_ctx}, so the next turns reuse the cache; the system prompt stays"
             )
-        return tokens, text
 
     # -- a turn ------------------------------------------------------------------
     def turn(self, user: str) -> Reply | None:
         try:
-            tokens, text = self.build_prompt(user)
+            tokens, text = self.conv.build_prompt(user)
         except LocalflashError as e:
             self.ui.notice(f"error: {e.message}" + (f" ({e.hint})" if e.hint else ""), "bold red")
             return None
+        self._trim_notice(len(tokens))
         self.turn_no += 1
         seed = None if self.sampling.seed is None else self.sampling.seed + self.turn_no
         recent: deque = deque()
         hard = False
         self.ui.start_reply()
         with StopFlag() as stop:
-            gen = self.session.start(tokens, text, max_tokens=self.max_tokens, sampling=replace(self.sampling, seed=seed), cancel=stop)
+            gen = self.conv.start(tokens, text, sampling=replace(self.sampling, seed=seed), cancel=stop)
             try:
                 for chunk in gen:
                     if chunk.text:
@@ -141,15 +164,13 @@ class ChatSession(Conversation):
             self.ui.push(tail)
         interrupted = hard or stop.hit
         if hard:
-            self.engine.reset()  # stopped mid-cycle: the cache may hold half a cycle
+            self.llm.reset()  # stopped mid-cycle: the cache may hold half a cycle
         st = gen.stats
         self.total.merge(st)
         for ph, s in gen.phases.items():
             self.phase_total.setdefault(ph, Stats(drafter=s.drafter)).merge(s)
-        self.messages.append({"role": "user", "content": user})
-        self.messages.append({"role": "assistant", "content": gen.text})
         reply = Reply(gen.text, gen.tokens, st, gen.phases, interrupted, len(tokens))
-        self.messages[-1]["meta"] = self._reply_meta(reply)
+        self.conv.add_turn(user, gen.text, self._reply_meta(reply))
         self.last = reply
         self.ui.end_reply(self._final_line(reply, gen.tracker))
         for msg in gen.notes:
@@ -163,29 +184,30 @@ class ChatSession(Conversation):
         elif st.stop == "context":
             self.ui.notice("reply stopped: the context is full (older turns are dropped next time)")
         elif st.stop == "length":
-            self.ui.notice(f"reply stopped at --max-tokens {self.max_tokens}", "dim")
+            self.ui.notice(f"reply stopped at --max-tokens {self.conv.max_tokens}", "dim")
         return reply
 
     # -- status lines -------------------------------------------------------------
     def _drafter_label(self) -> str:
-        if not self.has_drafter:
+        conv = self.conv
+        if not conv.has_drafter:
             return "plain"
-        name = self.engine.drafter.name
-        if self.draft_mode == "auto":
-            return f"{name} auto:{'on' if self.engine.drafting else 'off'}"
-        return f"{name} {self.draft_mode}"
+        name = self.llm.drafter
+        if conv.draft_mode == "auto":
+            return f"{name} auto:{'on' if conv.drafting else 'off'}"
+        return f"{name} {conv.draft_mode}"
 
-    def _status_line(self, st: Stats, recent, t_first, now, tracker: PhaseTracker) -> Text:
+    def _status_line(self, st: Stats, recent, t_first, now, tracker) -> Text:
         span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
         cur = (recent[-1][1] - recent[0][1]) / span if span > 0 else 0.0
         avg = (st.generated - 1) / (now - t_first) if t_first and now > t_first else 0.0
-        n_ctx = self.engine.ctx.n_ctx
-        used = len(self.engine.tokens) + 1
+        n_ctx = self.conv.n_ctx
+        used = self.conv.n_cached + 1
         parts = [
             (f"{cur:6.1f} tok/s", "bold green"),
             (f" · avg {avg:.1f}", ""),
         ]
-        if self.has_drafter:
+        if self.conv.has_drafter:
             parts += [
                 (f" · τ {st.tau:.2f}", "bold"),
                 (f" · accept {100 * st.acceptance:.0f}%", ""),
@@ -199,14 +221,14 @@ class ChatSession(Conversation):
             parts.append((f" · {tracker.phase}", "magenta"))
         return Text.assemble(*parts)
 
-    def _final_line(self, reply: Reply, tracker: PhaseTracker) -> Text:
+    def _final_line(self, reply: Reply, tracker) -> Text:
         st = reply.stats
-        n_ctx = self.engine.ctx.n_ctx
-        used = len(self.engine.tokens) + 1
+        n_ctx = self.conv.n_ctx
+        used = self.conv.n_cached + 1
         parts = [
             f"{st.generated} tok · {st.decode_tps:.1f} tok/s (session {self.total.decode_tps:.1f})",
         ]
-        if self.has_drafter:
+        if self.conv.has_drafter:
             parts.append(f" · τ {st.tau:.2f} · accept {100 * st.acceptance:.0f}% ({st.accepted}/{st.drafted})")
         parts.append(f" · ctx {used}/{n_ctx} · {self._drafter_label()}")
         if len(reply.phases) > 1 or tracker.seen_think:
@@ -258,15 +280,13 @@ class ChatSession(Conversation):
                 t.add_row(Text(c, style="bold"), d)
             ui.info(t)
         elif name == "/reset":
-            self.messages.clear()
-            self.first = 0
-            self.engine.reset()
+            self.conv.clear()
             ui.notice("conversation cleared (system prompt and session stats kept)", "green")
         elif name == "/system":
             if not arg:
-                ui.info(Text(f"system prompt: {self.system!r}" if self.system else "no system prompt (the template's default applies)"))
+                ui.info(Text(f"system prompt: {self.conv.system!r}" if self.conv.system else "no system prompt (the template's default applies)"))
             else:
-                self.system = arg
+                self.conv.system = arg
                 ui.notice(f"system prompt set ({len(arg)} characters)", "green")
         elif name == "/temp":
             try:
@@ -286,20 +306,20 @@ class ChatSession(Conversation):
                 ui.info(Text(f"drafting: {self._drafter_label()}" + self._gate_summary()))
             elif arg not in ("on", "off", "auto"):
                 ui.notice("/draft takes on, off or auto", "bold red")
-            elif not self.has_drafter:
+            elif not self.conv.has_drafter:
                 ui.notice("no drafter in this session (plain decoding); start with a pair or --drafter", "bold red")
             else:
-                self.session.set_draft_mode(arg)
+                self.conv.set_draft_mode(arg)
                 ui.notice(f"drafting {arg}" + (" (per phase, where it pays)" if arg == "auto" else ""), "green")
         elif name == "/think":
-            if not self.can_think:
+            if not self.conv.can_think:
                 ui.notice("this model's chat template has no thinking switch", "bold red")
             elif not arg:
-                ui.info(Text(f"thinking: {'template default' if self.thinking is None else ('on' if self.thinking else 'off')}"))
+                ui.info(Text(f"thinking: {'template default' if self.conv.thinking is None else ('on' if self.conv.thinking else 'off')}"))
             elif arg not in ("on", "off"):
                 ui.notice("/think takes on or off", "bold red")
             else:
-                self.thinking = arg == "on"
+                self.conv.thinking = arg == "on"
                 ui.notice(f"thinking {arg}", "green")
         elif name == "/stats":
             self.show_stats()
@@ -309,7 +329,7 @@ class ChatSession(Conversation):
             else:
                 try:
                     path = self.save(Path(arg).expanduser())
-                    ui.notice(f"saved {len(self.messages)} messages to {path}", "green")
+                    ui.notice(f"saved {len(self.conv.messages)} messages to {path}", "green")
                 except OSError as e:
                     ui.notice(f"could not save {arg}: {e.strerror or e}", "bold red")
         else:
@@ -317,9 +337,10 @@ class ChatSession(Conversation):
         return True
 
     def _gate_summary(self) -> str:
-        if self.draft_mode != "auto" or not self.gate.states:
+        gate = self.conv.gate
+        if self.conv.draft_mode != "auto" or not gate.states:
             return ""
-        return " · " + ", ".join(f"{ph} {'on' if s.on else 'off'}" for ph, s in self.gate.states.items())
+        return " · " + ", ".join(f"{ph} {'on' if s.on else 'off'}" for ph, s in gate.states.items())
 
     def show_stats(self) -> None:
         from rich.text import Text as T
@@ -339,7 +360,7 @@ class ChatSession(Conversation):
                 if ph in self.phase_total:
                     rows[f"  {ph}"] = self.phase_total[ph]
         ui.info(stats_table(rows, title=f"stats · {self._drafter_label()}{self._gate_summary()}"))
-        if not self.has_drafter or not self.total.drafted:
+        if not self.conv.has_drafter or not self.total.drafted:
             ui.info(T("no drafts yet: nothing to show per position", style="dim"))
             return
         ui.info(T("acceptance per draft position (given the earlier ones were accepted)", style="bold"))
@@ -349,11 +370,12 @@ class ChatSession(Conversation):
         ui.info(histogram(hist))
 
     def transcript(self) -> dict:
+        conv = self.conv
         msgs = []
-        if self.system:
-            msgs.append({"role": "system", "content": self.system, "in_context": True})
-        for i, m in enumerate(self.messages):
-            row = {"role": m["role"], "content": m["content"], "in_context": i >= self.first}
+        if conv.system:
+            msgs.append({"role": "system", "content": conv.system, "in_context": True})
+        for i, m in enumerate(conv.messages):
+            row = {"role": m["role"], "content": m["content"], "in_context": i >= conv.first}
             if "meta" in m:
                 row["stats"] = m["meta"]
             msgs.append(row)
@@ -368,13 +390,13 @@ class ChatSession(Conversation):
                 "top_p": self.sampling.top_p,
                 "min_p": self.sampling.min_p,
                 "seed": self.sampling.seed,
-                "max_tokens": self.max_tokens,
-                "ctx": self.engine.ctx.n_ctx,
-                "draft": self.draft_mode,
-                "thinking": self.thinking,
+                "max_tokens": conv.max_tokens,
+                "ctx": conv.n_ctx,
+                "draft": conv.draft_mode,
+                "thinking": conv.thinking,
             },
-            "system": self.system,
-            "dropped_turns": self.dropped,
+            "system": conv.system,
+            "dropped_turns": conv.dropped,
             "messages": msgs,
             "stats": {
                 "session": _stats_dict(self.total),
@@ -389,18 +411,19 @@ class ChatSession(Conversation):
     # -- the loop -------------------------------------------------------------------
     def header(self) -> None:
         ui = self.ui
-        bits = [f"{self.model.path.name}", self._drafter_label()]
-        bits.append(f"ctx {self.engine.ctx.n_ctx}")
+        conv = self.conv
+        bits = [f"{self.llm.info().target.name}", self._drafter_label()]
+        bits.append(f"ctx {conv.n_ctx}")
         bits.append(f"temp {self.sampling.temperature:g}")
-        if self.can_think:
-            bits.append("thinking " + ("default" if self.thinking is None else ("on" if self.thinking else "off")))
+        if conv.can_think:
+            bits.append("thinking " + ("default" if conv.thinking is None else ("on" if conv.thinking else "off")))
         ui.notice("localflash chat · " + " · ".join(bits) + " · /help", "bold")
-        if self.thinking is None and self.requested_thinking is not None:
+        if conv.thinking is None and self.requested_thinking is not None:
             ui.notice("--think/--no-think ignored: this model's chat template has no thinking switch", "yellow")
         if self.verdict is not None:
             ui.notice(
-                f"bench verdict on this rig: {self.engine.drafter.name} {self.verdict.get('speedup', 0):.2f}× plain"
-                f" → drafting starts {'on' if self.gate.start_on else 'off'}",
+                f"bench verdict on this rig: {self.llm.drafter} {self.verdict.get('speedup', 0):.2f}× plain"
+                f" → drafting starts {'on' if conv.gate.start_on else 'off'}",
                 "dim",
             )
 
@@ -419,9 +442,10 @@ class ChatSession(Conversation):
                 if not self.handle(line):
                     break
             except KeyboardInterrupt:  # a Ctrl-C that landed outside a reply's stream
-                if self.messages and self.messages[-1]["role"] == "user":
-                    self.messages.pop()
-                self.engine.reset()
+                messages = self.conv.messages
+                if messages and messages[-1]["role"] == "user":
+                    messages.pop()
+                self.llm.reset()
                 self.ui.notice("interrupted (the cache is rebuilt next turn)", "yellow")
 
 

@@ -1,16 +1,42 @@
-"""``localflash plan``: read the GGUF headers, resolve the GPUs, plan, print a Rich table or JSON."""
+"""``localflash plan``: read the GGUF headers, resolve the GPUs, plan, print a Rich table or JSON.
+
+The planner and the GGUF reader are imported inside :func:`plan_command`, so ``--help`` stays instant.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
-from rich.console import Console
-from rich.table import Table
+import typer
 
-from localflash.plan import devices
+from localflash.cli.app import app
+from localflash.cli.options import DRAFT_MAX, DRAFTER, MODEL, PAIR
 from localflash.errors import LocalflashError
-from localflash.formats.gguf_meta import read_meta
-from localflash.plan import Plan, Wishes, make_plan, runtime_kwargs
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from localflash.plan import Plan, devices
+
+
+@app.command("plan")
+def plan(
+    pair: Optional[str] = PAIR.option(),
+    target: Optional[str] = MODEL.option(also=("--target",)),
+    drafter: Optional[str] = DRAFTER.option(),
+    vram: Optional[str] = typer.Option(None, "--vram", help="Plan for one card of this size, e.g. 24GiB."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="Cards by index (0,1) or by size (24GiB,24GiB)."),
+    ctx: Optional[int] = typer.Option(None, "--ctx", "-c", help="Context wish in tokens (0: the largest that fits)."),
+    kv: Optional[str] = typer.Option(None, "--kv", help="KV cache type: f16, q8_0, q4_0 (default: the best that fits)."),
+    split: str = typer.Option("layer", "--split", help="layer | tensor (experimental) for several cards."),
+    draft_max: Optional[int] = DRAFT_MAX.option(),
+    margin: str = typer.Option("512MiB", "--margin", help="Memory left free on every card."),
+    json_out: bool = typer.Option(False, "--json", help="Print the plan and the runtime settings as JSON."),
+    mtp: Optional[bool] = typer.Option(None, "--mtp/--no-mtp", help="Price drafting with the target's MTP block (default: when it has one and no drafter is given)."),
+):
+    """Price target + drafter on your GPUs before loading: per-card table, settings, and what changed to fit."""
+    plan_command(pair, target, drafter, vram, gpus, ctx, kv, split, draft_max, margin, json_out, mtp=mtp)
 
 
 def plan_command(
@@ -34,6 +60,12 @@ def plan_command(
 
     ``mtp``: price MTP drafting with the target's nextn block; None: when the target has one and no drafter is
     given (what ``run --spec auto`` loads), or when the pair's kind is mtp."""
+    from rich.console import Console
+
+    from localflash.formats.gguf_meta import read_meta
+    from localflash.plan import devices
+    from localflash.plan import Wishes, make_plan, runtime_kwargs
+
     out = console or Console(highlight=False)
     warnings = []
     if pair:
@@ -87,6 +119,7 @@ def plan_command(
 
 def print_plan(plan: Plan, out: Console) -> None:
     from rich import box
+    from rich.table import Table
 
     gib = lambda n: f"{n / 1024**3:.2f}"  # noqa: E731
     title = Path(plan.target).name + (f" + {Path(plan.drafter).name}" if plan.drafter else "")

@@ -8,7 +8,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from localflash.speculative.stats import Stats
+from localflash.api import Stats
 
 BLOCKS = " ▏▎▍▌▋▊▉█"
 

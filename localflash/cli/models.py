@@ -1,0 +1,102 @@
+"""``localflash models``: the pairs of models.toml as a table, and ``models check NAME``."""
+
+from __future__ import annotations
+
+import typer
+
+from localflash.cli.app import app, fail
+
+
+models_app = typer.Typer(
+    invoke_without_command=True, no_args_is_help=False,
+    help="List the pairs of models.toml with file presence and size; `models check NAME` validates one.",
+)
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback()
+def models(
+    ctx: typer.Context,
+    json_out: bool = typer.Option(False, "--json", help="Print the list as JSON."),
+    paths: bool = typer.Option(False, "--paths", help="Show full file paths."),
+):
+    """List the pairs of models.toml (shipped + user file) with file presence and size."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from localflash.bench.rig import cpu_name
+    from localflash.bench.verdicts import all_verdicts, pair_key
+    from localflash.registry.check import list_rows
+    from localflash.registry.pairs import config_dir, load_pairs
+    from localflash.cli.render import fmt_bytes
+
+    pairs = load_pairs()
+    rows = list_rows(pairs)
+    cpu = cpu_name()
+    verdicts = {}
+    for v in sorted(all_verdicts(), key=lambda v: v.get("date", "")):
+        if v.get("rig_info", {}).get("cpu") == cpu:
+            verdicts[v.get("pair_key")] = v
+    for r, p in zip(rows, pairs.values()):
+        v = verdicts.get(pair_key(p.target, p.drafter))
+        r["verdict"] = v["text"] if v else None
+    if json_out:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    console = Console(highlight=False)
+
+    def cell(f: dict, derive: str | None) -> Text:
+        if f["path"] is None:
+            return Text("-", style="dim")
+        name = f["path"] if paths else Path(f["path"]).name
+        if f["exists"]:
+            return Text.assemble(name, "\n", ("✓ ", "green"), (fmt_bytes(f["size"]), "dim"))
+        if derive:
+            return Text.assemble(name, "\n", ("○ ", "yellow"), (f"made from the target ({derive}) on first use", "dim"))
+        return Text.assemble(name, "\n", ("✗ missing", "red"))
+
+    t = Table(header_style="bold")
+    for col in ("pair", "kind", "target", "drafter", "ctx", "draft"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        t.add_row(r["name"], r["kind"], cell(r["target_file"], None), cell(r["drafter_file"], r["derive"]), str(r["ctx"]), str(r["draft_max"]))
+    console.print(t)
+    for r in rows:
+        if r["notes"] or r["verdict"]:
+            console.print(Text.assemble((f"{r['name']}: ", "bold"), r["notes"], (f" · bench here: {r['verdict']}" if r["verdict"] else "", "green")))
+    user = config_dir() / "models.toml"
+    console.print(f"[dim]user pairs: {user}{'' if user.exists() else ' (none yet)'}; validate one with `localflash models check NAME`[/]")
+
+
+@models_app.command("check")
+def models_check(
+    name: str = typer.Argument(..., help="A pair name from `localflash models`."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+):
+    """Load a pair's metadata and validate it: files, arch, vocabulary, layer ids, fused width."""
+    import json
+
+    from rich.console import Console
+    from rich.text import Text
+
+    from localflash.registry.check import check_pair
+    from localflash.registry.pairs import get_pair
+    from localflash.cli.render import check_table
+
+    p = get_pair(name)
+    rows, ok = check_pair(p)
+    if json_out:
+        typer.echo(json.dumps({"pair": name, "ok": ok, "checks": [{"what": w, "ok": g, "detail": d} for w, g, d in rows]}, indent=1))
+    else:
+        console = Console(highlight=False)
+        console.print(check_table(rows))
+        console.print(Text(f"{name}: ok" if ok else f"{name}: not usable as configured", style="bold green" if ok else "bold red"))
+    if not ok:
+        bad = next(d for w, g, d in rows if g is False)
+        fail(f"pair {name!r} failed its check: {bad}", hint="fix the pair in models.toml (see `localflash models --paths`)")

@@ -1,0 +1,31 @@
+"""``localflash serve``: the OpenAI-compatible server (:mod:`localflash.serve`) over one loaded LLM."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from localflash.cli.app import app
+from localflash.cli.options import LoadFlags, shared_options, use
+
+
+@app.command()
+@shared_options
+def serve(
+    load: LoadFlags = use(),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8080, "--port", help="TCP port (0: any free one, printed at startup)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LOCALFLASH_API_KEY", help="Require Authorization: Bearer KEY."),
+    queue: int = typer.Option(16, "--queue", help="Requests that may wait while one runs; more get 503 + Retry-After."),
+):
+    """Serve the model over an OpenAI-compatible HTTP API (chat, completions, tools, SSE, /metrics)."""
+    from localflash.api import open_llm
+    from localflash.serve import require_stack, serve as run_server
+
+    require_stack()
+    llm = open_llm(load.config())
+    try:
+        run_server(llm, host=host, port=port, api_key=api_key, queue=queue)
+    finally:
+        llm.close()
