@@ -48,33 +48,50 @@ def render_chat(
 
 
 def template_message(m: dict) -> dict:
-    """One OpenAI-style message as chat templates expect it.
+    """One OpenAI-style message as chat templates expect it: the one rendering the API and the server share.
 
-    ``content`` None (an assistant turn that only calls tools) becomes ""; a list of
-    text parts is joined; tool-call ``arguments`` given as a JSON string become the
-    object templates print with ``tojson`` (as llama.cpp and Hugging Face do).
+    - role ``developer`` (OpenAI's newer name for ``system``) becomes ``system``;
+    - ``content`` None or left out (an assistant turn that only calls tools) becomes "";
+      a list of content parts becomes its text parts joined with a newline, as llama.cpp's
+      server does (``common_chat_msgs_to_json_oaicompat``: a newline between text parts,
+      other part types dropped);
+    - keys set to None are left out, as if the client had not sent them;
+    - tool-call ``arguments`` given as JSON text of an object become that object (templates
+      print it with ``tojson``, as llama.cpp and Hugging Face do); empty text is ``{}``;
+      anything else stays as given.
     """
-    out = dict(m)
+    out = {k: v for k, v in m.items() if v is not None}
+    if out.get("role") == "developer":
+        out["role"] = "system"
     content = out.get("content")
     if content is None:
         out["content"] = ""
     elif isinstance(content, list):
-        out["content"] = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+        text = ""
+        for part in content:
+            if isinstance(part, dict) and part.get("type", "text") == "text":
+                piece = part.get("text") or ""
+                text = f"{text}\n{piece}" if text else piece
+        out["content"] = text
     if out.get("tool_calls"):
-        calls = []
-        for call in out["tool_calls"]:
-            call = dict(call)
-            fn = call.get("function")
-            if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
-                fn = dict(fn)
-                try:
-                    fn["arguments"] = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
-                except ValueError:
-                    pass  # not JSON: the template gets the string as is
-                call["function"] = fn
-            calls.append(call)
-        out["tool_calls"] = calls
+        out["tool_calls"] = [_template_call(c) for c in out["tool_calls"]]
     return out
+
+
+def _template_call(call):
+    if not isinstance(call, dict):
+        return call
+    call = {k: v for k, v in call.items() if v is not None}
+    fn = call.get("function")
+    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+        args = fn["arguments"]
+        try:
+            parsed = json.loads(args) if args.strip() else {}
+        except ValueError:
+            parsed = None  # not JSON: the template gets the text as is
+        if isinstance(parsed, dict):
+            call["function"] = {**fn, "arguments": parsed}
+    return call
 
 
 def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=False):

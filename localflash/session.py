@@ -148,7 +148,7 @@ class Session:
         else:
             raise LocalflashError(f"a prompt is a string or a list of messages, not {type(prompt_or_messages).__name__}")
         if system is not None:
-            messages = [{"role": "system", "content": system}] + [m for m in messages if m.get("role") != "system"]
+            messages = [{"role": "system", "content": system}] + [m for m in messages if m.get("role") not in ("system", "developer")]
         text = self.render(messages, thinking, tools)
         return tokenize_prompt(self.model, text), text
 

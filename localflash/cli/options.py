@@ -6,7 +6,7 @@ defaulted to :func:`use` (per-command defaults and left-out flags go there)::
     @app.command()
     @shared_options
     def serve(load: LoadFlags = use(), sampling: SamplingFlags = use(temp=0.7), port: int = 8000):
-        engine = open_engine(load.config())
+        llm = open_llm(load.config())
 
 :func:`shared_options` puts the group's flags into the command's help where the
 parameter stands and hands the command the filled group. Single shared flags
@@ -100,7 +100,7 @@ class SamplingFlags:
 
     def params(self):
         """The checked SamplingParams (a bad value is a one-line error)."""
-        from localflash.speculative.sampling import SamplingParams
+        from localflash.api import SamplingParams
 
         return SamplingParams(temperature=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, seed=self.seed)
 

@@ -74,21 +74,21 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def startup_screen(llm, host: str, port: int, api_key: str | None, queue: int) -> str:
-    cfg, eng = llm.config, llm.engine
+    info = llm.info()
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}"
-    drafter = llm.drafter
-    if cfg.drafter:
-        drafter += f" ({cfg.drafter.name})"
-    if eng.policy.max_draft:
-        drafter += f", draft ≤ {eng.policy.max_draft}" + (", adaptive" if eng.policy.adaptive else ", fixed")
+    drafter = info.drafter
+    if info.drafter_file:
+        drafter += f" ({info.drafter_file.name})"
+    if info.draft_max:
+        drafter += f", draft ≤ {info.draft_max}" + (", adaptive" if info.adaptive else ", fixed")
     lines = [
         f"localflash serve — OpenAI-compatible API at {url}/v1",
-        f"  model    {llm.name}" + (f" (pair {cfg.pair})" if cfg.pair and cfg.pair != llm.name else ""),
-        f"  target   {cfg.target}",
+        f"  model    {info.name}" + (f" (pair {info.pair})" if info.pair and info.pair != info.name else ""),
+        f"  target   {info.target}",
         f"  drafter  {drafter}",
     ]
-    plan = getattr(eng, "plan", None)
+    plan = info.plan
     if plan is not None:
         line = f"  plan     n_ctx {plan.n_ctx}, KV {plan.type_k}, n_gpu_layers {plan.n_gpu_layers}"
         if plan.drafter:
@@ -97,7 +97,7 @@ def startup_screen(llm, host: str, port: int, api_key: str | None, queue: int) -
         lines.append(line)
         lines += [f"  plan     {c.setting} = {c.value}: {c.reason}" for c in plan.changes]
     lines += [
-        f"  queue    {queue} waiting at most (then 503 + Retry-After); threads {cfg.threads or 'auto'}",
+        f"  queue    {queue} waiting at most (then 503 + Retry-After); threads {info.threads or 'auto'}",
         f"  auth     {'Bearer API key required' if api_key else 'none (--api-key KEY to require one)'}",
         f"  routes   POST /v1/chat/completions, /v1/completions; GET /v1/models, /health, /metrics, /docs",
         f"  try      curl {url}/v1/chat/completions -H 'Content-Type: application/json' "

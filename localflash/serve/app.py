@@ -1,8 +1,9 @@
 """The OpenAI-compatible routes (FastAPI): chat and text completions, models, health, metrics.
 
-Every failure a client can cause is an OpenAI-style ``{"error": {...}}`` body
-with a 4xx status; a bug is a plain 500 body and a traceback in the server log
-only. The one LLM is driven by :class:`~localflash.serve.worker.Worker`.
+Request bodies become the LLM's arguments in :mod:`.messages`; failures become
+OpenAI-style error bodies in :mod:`.errors`. The one LLM is driven by
+:class:`~localflash.serve.worker.Worker`; this module reads it only through the
+public API (``llm.info()``).
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ import time
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from sse_starlette import EventSourceResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localflash import __version__
-from localflash.errors import ContextOverflow, LocalflashError
 from localflash.serve import schemas as S
+from localflash.serve.errors import APIError, error_from, install_error_handlers
+from localflash.serve.messages import chat_request, check_common, completion_request
 from localflash.serve.metrics import Metrics
 from localflash.serve.replies import ChatReply, CompletionReply, finish_reason, new_id, provenance, timings
 from localflash.serve.worker import Job, QueueFull, Worker
@@ -34,27 +34,6 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     503: {"model": S.ErrorResponse, "description": "The queue is full (see Retry-After)"},
 }
 STREAM = {200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE `data:` chunks and `data: [DONE]` when stream is true"}}
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
-                 param: str | None = None, headers: dict | None = None, **extra):
-        super().__init__(message)
-        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
-        self.headers, self.extra = headers, extra
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param, **self.extra}}
-
-
-def error_from(e: Exception, param: str = "messages") -> APIError:
-    """A worker-side exception -> what the client sees."""
-    if isinstance(e, ContextOverflow):
-        return APIError(400, e.message, code="context_length_exceeded", param=param,
-                        n_prompt_tokens=e.prompt_tokens, n_ctx=e.n_ctx)
-    if isinstance(e, LocalflashError):
-        return APIError(400, e.message + (f" ({e.hint})" if e.hint else ""))
-    return APIError(500, "internal server error (the server log has the details)", "server_error")
 
 
 class KeyCheck:
@@ -78,72 +57,15 @@ class KeyCheck:
 def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None, log=None) -> FastAPI:
     app = FastAPI(title="localflash", version=__version__,
                   description="OpenAI-compatible server for speculative decoding of GGUF models (localflash serve).")
-    model_id = llm.name
-    aliases = {model_id, llm.config.target.name, llm.config.target.stem}
-    n_ctx = llm.engine.ctx.n_ctx
+    info = llm.info()
+    model_id = info.name
+    aliases = {model_id, info.target.name, info.target.stem}
     log = log or worker.log
     if api_key:
         app.add_middleware(KeyCheck, key=api_key, metrics=metrics)
-
-    def fail(err: APIError) -> JSONResponse:
-        metrics.record_error(err.status)
-        return JSONResponse(err.body(), err.status, headers=err.headers)
-
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, e: APIError):
-        return fail(e)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, e: RequestValidationError):
-        errs = e.errors()
-        first = errs[0] if errs else {}
-        if first.get("type") == "json_invalid":
-            return fail(APIError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", code="invalid_json"))
-        parts = []
-        for err in errs[:4]:
-            loc = ".".join(str(x) for x in err.get("loc", ())[1:]) or "body"
-            parts.append(f"{loc}: {err.get('msg')}")
-        more = f" (+{len(errs) - 4} more)" if len(errs) > 4 else ""
-        param = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
-        return fail(APIError(400, "; ".join(parts) + more, code="invalid_value", param=param))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, e: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
-        return fail(APIError(e.status_code, str(e.detail), code=code, headers=getattr(e, "headers", None)))
-
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, e: Exception):
-        import traceback
-
-        log(traceback.format_exc().rstrip())
-        return fail(APIError(500, "internal server error (the server log has the details)", "server_error"))
+    install_error_handlers(app, metrics, log)
 
     # -- helpers ----------------------------------------------------------------
-
-    def check_common(body: S._Generation) -> None:
-        if body.model is not None and body.model not in aliases:
-            raise APIError(404, f"the model {body.model!r} is not served here; this server serves {model_id!r}",
-                           code="model_not_found", param="model")
-        if body.n != 1:
-            raise APIError(400, f"n must be 1 (one choice per request), got {body.n}", code="unsupported_value", param="n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(body, name):
-                raise APIError(400, f"{name} is not supported (leave it out or send 0)", code="unsupported_parameter", param=name)
-        if body.logit_bias:
-            raise APIError(400, "logit_bias is not supported", code="unsupported_parameter", param="logit_bias")
-
-    def stops(body: S._Generation) -> list[str] | None:
-        stop = [body.stop] if isinstance(body.stop, str) else body.stop
-        if not stop:
-            return None
-        if len(stop) > 16 or any(not s for s in stop):
-            raise APIError(400, "stop takes up to 16 non-empty strings", param="stop")
-        return list(stop)
-
-    def sampling(body: S._Generation, max_tokens: int | None) -> dict:
-        return dict(max_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
-                    min_p=body.min_p, seed=body.seed, stop=stops(body), draft_max=body.speculative_n_max)
 
     async def start(kind: str, prompt, params: dict, request: Request) -> tuple[Job, tuple]:
         """Queue a job and wait until it starts decoding (an error is raised before any header is sent)."""
@@ -189,23 +111,10 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
 
     @app.post("/v1/chat/completions", response_model=S.ChatCompletion, responses={**ERRORS, **STREAM})
     async def chat_completions(body: S.ChatCompletionRequest, request: Request):
-        check_common(body)
-        if body.logprobs or body.top_logprobs:
-            raise APIError(400, "logprobs are not supported", code="unsupported_parameter", param="logprobs")
-        if body.response_format is not None and body.response_format.type != "text":
-            raise APIError(400, f"response_format {body.response_format.type!r} is not supported (only text)",
-                           code="unsupported_value", param="response_format")
-        if body.tool_choice == "required" or isinstance(body.tool_choice, S.NamedToolChoice):
-            raise APIError(400, "tool_choice can be 'auto' or 'none' here (the model decides whether to call)",
-                           code="unsupported_value", param="tool_choice")
-        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools and body.tool_choice != "none" else None
-        params = sampling(body, body.max_completion_tokens or body.max_tokens)
-        params["tools"] = tools
-        thinking = (body.chat_template_kwargs or {}).get("enable_thinking")
-        if thinking is not None:
-            params["thinking"] = bool(thinking)
-        job, first = await start("chat", [template_message(m) for m in body.messages], params, request)
-        reply = ChatReply(new_id("chatcmpl"), model_id, tools is not None)
+        check_common(body, model_id, aliases)
+        messages, params = chat_request(body)
+        job, first = await start("chat", messages, params, request)
+        reply = ChatReply(new_id("chatcmpl"), model_id, params["tools"] is not None)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         if body.stream:
             return EventSourceResponse(chat_sse(job, first, reply, include_usage), sep="\n", ping=10)
@@ -239,18 +148,8 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
 
     @app.post("/v1/completions", response_model=S.Completion, responses={**ERRORS, **STREAM})
     async def completions(body: S.CompletionRequest, request: Request):
-        check_common(body)
-        prompt = body.prompt
-        if isinstance(prompt, list):
-            if len(prompt) != 1:
-                raise APIError(400, f"prompt must be one string (got a list of {len(prompt)})", code="unsupported_value", param="prompt")
-            prompt = prompt[0]
-        for name, bad in (("echo", body.echo), ("suffix", body.suffix is not None), ("logprobs", body.logprobs is not None),
-                          ("best_of", body.best_of not in (None, 1))):
-            if bad:
-                raise APIError(400, f"{name} is not supported", code="unsupported_parameter", param=name)
-        params = sampling(body, body.max_tokens)
-        params["raw"] = True
+        check_common(body, model_id, aliases)
+        prompt, params = completion_request(body)
         job, first = await start("completion", prompt, params, request)
         reply = CompletionReply(new_id("cmpl"), model_id)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -305,9 +204,8 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
 
     @app.get("/v1/models", response_model=S.ModelList)
     async def models():
-        st = getattr(llm.engine, "plan", None)
-        meta = {"n_ctx": n_ctx, "target": str(llm.config.target), "drafter": str(llm.config.drafter) if llm.config.drafter else None,
-                "drafter_kind": llm.drafter, "draft_max": llm.engine.policy.max_draft, "plan_n_ctx": getattr(st, "n_ctx", None)}
+        meta = {"n_ctx": info.n_ctx, "target": str(info.target), "drafter": str(info.drafter_file) if info.drafter_file else None,
+                "drafter_kind": info.drafter, "draft_max": info.draft_max, "plan_n_ctx": getattr(info.plan, "n_ctx", None)}
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": started, "owned_by": "localflash", "meta": meta}]}
 
     @app.get("/health", response_model=S.Health)
@@ -333,34 +231,6 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
     app.openapi = openapi
     started = int(time.time())
     return app
-
-
-def template_message(m: S.Message) -> dict:
-    """A request message -> the dict a chat template expects (arguments as objects, text parts joined)."""
-    content = m.content
-    if isinstance(content, list):
-        content = "\n".join(p.text for p in content)
-    d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
-    if m.name:
-        d["name"] = m.name
-    if m.tool_calls:
-        d["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
-            for c in m.tool_calls
-        ]
-    if m.tool_call_id:
-        d["tool_call_id"] = m.tool_call_id
-    return d
-
-
-def _arguments(args):
-    if isinstance(args, dict):
-        return args
-    try:
-        parsed = json.loads(args)
-    except ValueError:
-        return args
-    return parsed if isinstance(parsed, dict) else args
 
 
 def _data(obj: dict) -> str:

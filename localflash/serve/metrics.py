@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from localflash.speculative.stats import Stats
+from localflash.api import Stats
 
 
 class Metrics:
