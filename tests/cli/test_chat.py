@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from localflash.cli.chat import ChatSession, PhaseGate, PhaseTracker, PlainUI, diff_stats, initial_phase
+from localflash.api import LLM
+from localflash.cli.chat import ChatSession
+from localflash.cli.chat_ui import PlainUI
 from localflash.config import config_from
 from localflash.engine import open_engine
 from localflash.speculative.sampling import SamplingParams
+from localflash.phases import PhaseGate, PhaseTracker, diff_stats, initial_phase
 from localflash.speculative.stats import Stats
 
 THINK_TEMPLATE = (
@@ -95,7 +98,7 @@ def sessions(engine_pool):
             engine = engine_pool(target, drafter, spec, ctx)
         else:
             engine.reset()  # a new conversation on the same engine, from an empty cache
-        return ChatSession(engine, RecordingUI(), SamplingParams(temperature=temp), max_tokens=max_tokens, system=system, thinking=thinking, draft_mode=draft)
+        return ChatSession(LLM(engine), RecordingUI(), SamplingParams(temperature=temp), max_tokens=max_tokens, system=system, thinking=thinking, draft_mode=draft)
 
     return make
 
@@ -162,21 +165,21 @@ def test_ctrl_c_keeps_what_was_streamed_and_the_cache_matches(sessions, tiny_tar
     r1 = s.turn("Tell me a long story about a lighthouse.")
     assert r1.interrupted and 0 < r1.stats.generated < 200
     assert "reply interrupted: kept the" in s.ui.notices
-    eng = s.engine
+    eng = s.llm.engine
     # the cache holds the prompt and every streamed token but the last (which the next prompt re-decodes)
     assert eng.tokens[r1.prompt_tokens :] == r1.tokens[:-1]
     assert eng.ctx.pos_max() == len(eng.tokens) - 1  # no rejected draft rows left behind
     if kind == "dflash":
         assert eng.drafter.n_injected == len(eng.tokens)
-    assert s.messages[-1]["content"] == r1.text == eng.target.detokenize(r1.tokens)
-    assert s.messages[-1]["meta"]["interrupted"] is True
+    assert s.conv.messages[-1]["content"] == r1.text == eng.target.detokenize(r1.tokens)
+    assert s.conv.messages[-1]["meta"]["interrupted"] is True
     s.ui.sigint_after = []
     r2 = s.turn("And then?")
     assert not r2.interrupted and r2.stats.generated == 200
     # a fresh session given the same history (the cache rebuilt from scratch) writes the same reply:
     # the cache the interrupted session reused was consistent
-    fresh = sessions(max_tokens=200, draft="on", engine=s.engine)
-    fresh.messages = [{"role": m["role"], "content": m["content"]} for m in s.messages[:2]]
+    fresh = sessions(max_tokens=200, draft="on", engine=s.llm.engine)
+    fresh.conv.messages = [{"role": m["role"], "content": m["content"]} for m in s.conv.messages[:2]]
     assert fresh.turn("And then?").text == r2.text
 
 
@@ -185,11 +188,11 @@ def test_second_ctrl_c_stops_at_once_and_clears_the_cache(sessions, tiny_target,
     s.ui.sigint_after = [4, 4]  # two Ctrl-C in a row
     r1 = s.turn("Count to a hundred.")
     assert r1.interrupted and "the cache was cleared" in s.ui.notices
-    assert s.engine.tokens == [] and s.engine.ctx.pos_max() == -1
+    assert s.llm.engine.tokens == [] and s.llm.engine.ctx.pos_max() == -1
     s.ui.sigint_after = []
     r2 = s.turn("Again please.")
-    fresh = sessions(max_tokens=200, draft="on", engine=s.engine)
-    fresh.messages = [{"role": m["role"], "content": m["content"]} for m in s.messages[:2]]
+    fresh = sessions(max_tokens=200, draft="on", engine=s.llm.engine)
+    fresh.conv.messages = [{"role": m["role"], "content": m["content"]} for m in s.conv.messages[:2]]
     assert fresh.turn("Again please.").text == r2.text
 
 
@@ -199,35 +202,35 @@ def test_history_overflow_drops_oldest_turns_never_the_system_prompt(sessions, t
     for i in range(6):
         s.turn(f"Turn {i}: " + words * 2)
     assert "context full: dropped the oldest turn" in s.ui.notices and "the system prompt stays" in s.ui.notices
-    assert s.first > 0 and s.dropped >= 1 and s.first == 2 * s.dropped  # whole turns, oldest first
+    assert s.conv.first > 0 and s.conv.dropped >= 1 and s.conv.first == 2 * s.conv.dropped  # whole turns, oldest first
     # only as many as needed: with one more old turn the last prompt would not have fitted
     from localflash.prompt import render_chat, tokenize_prompt
 
     system = [{"role": "system", "content": "You are a terse assistant."}]
-    kept = [{"role": m["role"], "content": m["content"]} for m in s.messages[s.first - 2 : -1]]
-    longer = tokenize_prompt(s.model, render_chat(s.model, system + kept))
-    assert len(longer) + s.reserve() > 256
-    tokens, text = s.build_prompt("one more")
+    kept = [{"role": m["role"], "content": m["content"]} for m in s.conv.messages[s.conv.first - 2 : -1]]
+    longer = tokenize_prompt(s.llm.target, render_chat(s.llm.target, system + kept))
+    assert len(longer) + s.conv.reserve() > 256
+    tokens, text = s.conv.build_prompt("one more")
     assert text.startswith("<|im_start|>system\nYou are a terse assistant.<|im_end|>")
     assert "Turn 0" not in text and "Turn 5" in text
-    assert len(tokens) + s.reserve() <= 256
+    assert len(tokens) + s.conv.reserve() <= 256
     s.command(f"/save {tmp_path / 't.json'}")
     saved = json.loads((tmp_path / "t.json").read_text())
     msgs = saved["messages"]
     assert msgs[0] == {"role": "system", "content": "You are a terse assistant.", "in_context": True}
     assert msgs[1]["content"].startswith("Turn 0") and msgs[1]["in_context"] is False
     assert msgs[-1]["role"] == "assistant" and msgs[-1]["in_context"] is True
-    assert saved["dropped_turns"] == s.dropped and len(msgs) == 1 + 12
+    assert saved["dropped_turns"] == s.conv.dropped and len(msgs) == 1 + 12
     # a single message bigger than the context: one error line, the session goes on
-    n_before = len(s.messages)
+    n_before = len(s.conv.messages)
     assert s.turn(words * 40) is None
-    assert "error: this message needs" in s.ui.notices and len(s.messages) == n_before
+    assert "error: this message needs" in s.ui.notices and len(s.conv.messages) == n_before
     assert s.turn("short again") is not None
 
 
 def test_thinking_phases_have_their_own_stats_and_policy(sessions, tiny_thinking, tiny_drafters):
     s = sessions(tiny_thinking, tiny_drafters["near"], spec="draft", max_tokens=24, draft="on")
-    assert s.can_think
+    assert s.conv.can_think
     s.command("/think on")
     r1 = s.turn("Why is the sky blue?")
     assert set(r1.phases) == {"think"} and r1.phases["think"].cycles > 0
@@ -236,7 +239,7 @@ def test_thinking_phases_have_their_own_stats_and_policy(sessions, tiny_thinking
     assert set(r2.phases) == {"answer"}
     assert set(s.phase_total) == {"think", "answer"}
     assert s.phase_total["think"].generated + s.phase_total["answer"].generated == s.total.generated - 2  # first tokens come from prefill
-    think, answer = s.policies["think"], s.policies["answer"]
+    think, answer = s.conv.session.policies["think"], s.conv.session.policies["answer"]
     assert think is not answer and think.verify is answer.verify  # own acceptance, shared costs
     s.command("/stats")
     assert re.search(r"^\s+think\s+\d+\s", s.ui.shown, re.M) and re.search(r"^\s+answer\s+\d+\s", s.ui.shown, re.M)
@@ -250,13 +253,13 @@ def test_draft_auto_starts_from_the_bench_verdict(engine_pool, tiny_target, tiny
     p = engine.policy
     engine.policy = DraftPolicy(p.max_draft, p.adaptive, p.draft_cost_grows)  # leave the pooled one untouched
     verdict = {"speedup": 0.6, "position_acceptance": [0.9, 0.5, 0.25]}
-    s = ChatSession(engine, RecordingUI(), SamplingParams(), max_tokens=8, draft_mode="auto", verdict=verdict)
-    assert not s.gate.start_on and not engine.drafting  # the bench said drafting loses here
+    s = ChatSession(LLM(engine), RecordingUI(), SamplingParams(), max_tokens=8, draft_mode="auto", verdict=verdict)
+    assert not s.conv.gate.start_on and not engine.drafting  # the bench said drafting loses here
     assert engine.policy.accept_rate(0) > engine.policy.accept_rate(1) > engine.policy.accept_rate(2)
     s.header()
     assert "bench verdict on this rig: draft 0.60× plain → drafting starts off" in s.ui.notices
-    ok = ChatSession(engine, RecordingUI(), SamplingParams(), max_tokens=8, draft_mode="auto", verdict={"speedup": 1.4})
-    assert ok.gate.start_on and engine.drafting
+    ok = ChatSession(LLM(engine), RecordingUI(), SamplingParams(), max_tokens=8, draft_mode="auto", verdict={"speedup": 1.4})
+    assert ok.conv.gate.start_on and engine.drafting
 
 
 # -- the real command: non-tty stdin --------------------------------------------------

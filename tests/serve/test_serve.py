@@ -114,6 +114,29 @@ def test_chat_streamed_equals_whole_equals_localflash_run(tiny_server, tiny_targ
     assert s_usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1  # same prompt: all but the last token reused
 
 
+def test_list_content_and_a_developer_message_render_the_same_through_the_server_and_the_api(tiny_server, tiny_target, tiny_dflash):
+    """One template_message: ``developer`` is ``system`` and text parts are joined with a newline, over HTTP and in Python."""
+    import localflash
+
+    typed = [{"role": "developer", "content": "Answer briefly."},
+             {"role": "user", "content": [{"type": "text", "text": "Name a colour."}, {"type": "text", "text": "And a fruit."}]}]
+    plain = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a colour.\nAnd a fruit."}]
+
+    def served(messages):
+        text, _, usage, _, _ = chat(tiny_server, stream=False, messages=messages, max_tokens=16)
+        return text, usage.prompt_tokens
+
+    with localflash.load(model=tiny_target, drafter=tiny_dflash, ctx=1024, threads=1) as llm:
+        rendered = llm.session.encode(typed)[1]
+        assert rendered == llm.session.encode(plain)[1]
+        assert rendered.startswith("<|im_start|>system\nAnswer briefly.<|im_end|>") and "Name a colour.\nAnd a fruit." in rendered
+        in_python = {name: (r.text, r.prompt_tokens) for name, r in
+                     (("typed", llm.chat(typed, temperature=0, max_tokens=16)), ("plain", llm.chat(plain, temperature=0, max_tokens=16)))}
+    over_http = {"typed": served(typed), "plain": served(plain)}
+    assert over_http["typed"][0], over_http
+    assert over_http["typed"] == over_http["plain"] == in_python["typed"] == in_python["plain"]
+
+
 def test_completions_streamed_and_whole_agree_and_stop_strings_cut(tiny_server):
     client = tiny_server.client()
     args = dict(model="target", prompt="Once upon a time", max_tokens=20, temperature=0)

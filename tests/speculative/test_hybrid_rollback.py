@@ -14,6 +14,7 @@ import json
 import numpy as np
 import pytest
 
+from localflash.api import LLM
 from localflash.cli.chat import ChatSession
 from localflash.cli.chat_ui import PlainUI
 from localflash.errors import RollbackError
@@ -197,22 +198,22 @@ def test_chat_turns_equal_a_fresh_plain_decode_of_each_rendered_prompt(request, 
     target = request.getfixturevalue(target_fix)
     engine = pool(target, spec, tiny_qwen35_drafters.get(dkey) if dkey else None)
     engine.reset()
-    session = ChatSession(engine, _UI(), SamplingParams(), max_tokens=24)
+    session = ChatSession(LLM(engine), _UI(), SamplingParams(), max_tokens=24)
     reference = pool(target)
     diverged_inside, retokenized = 0, None
     for line in SCRIPT:
         if line == "EDIT":  # an edited earlier message: the next prompt diverges deep in the history
-            session.messages[0]["content"] = "Tell me about the clam river instead."
+            session.conv.messages[0]["content"] = "Tell me about the clam river instead."
             continue
         if line == "RETOKENIZE":  # the last reply comes back tokenized otherwise (`clam|mond` -> `cl|amm|ond`)
-            reply_text = session.messages[-1]["content"]
-            session.messages[-1]["content"] = reply_text[: len(reply_text) // 2] + " clammond"
+            reply_text = session.conv.messages[-1]["content"]
+            session.conv.messages[-1]["content"] = reply_text[: len(reply_text) // 2] + " clammond"
             retokenized = True
             continue
         if line.startswith("/"):
             session.handle(line)
             continue
-        tokens, _ = session.build_prompt(line)
+        tokens, _ = session.conv.build_prompt(line)
         cached = list(engine.tokens)
         keep = _common_prefix(cached, tokens)
         diverged_inside += 0 < keep < len(cached) - 1
