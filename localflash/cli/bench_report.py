@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from localflash.archs import SYNTHETIC
-from localflash.speculative.stats import Stats
+from localflash.api import Stats
 
 
 def table_rows(report: dict) -> list[dict]:
