@@ -24,7 +24,7 @@
 #      installed nvidia-cublas wheel (the GPU image's python has one) and the driver under /usr/local/nvidia.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 VERSION=0.3.36
 START=$(date +%s)
