@@ -81,19 +81,13 @@ def open_engine(cfg: RunConfig, target=None):
     """
     from localflash.llama import Context, ContextOptions, Model, ModelOptions, verbose
     from localflash.llama.rollback import check_snapshot_depth
-    from localflash.speculative.dflash import DFlashDrafter
-    from localflash.speculative.draft_model import DraftModelDrafter
-    from localflash.speculative.drafter import LookupFirstDrafter, NgramDrafter
-    from localflash.speculative.eagle3 import Eagle3Drafter
     from localflash.speculative.loop import Engine
-    from localflash.speculative.mtp import MtpDrafter
     from localflash.plan import runtime_kwargs
 
     drafter_path = ensure_drafter_file(cfg) if base_kind(cfg.spec) in ("auto", *MODEL_DRAFTERS) else None
     n_nextn = nextn_layers(cfg.target)
-    kind = drafter_kind(cfg, _arch_of(drafter_path), target_has_mtp=n_nextn > 0)
-    lookup = kind.endswith(LOOKUP)
-    kind = base_kind(kind)
+    spec = drafter_kind(cfg, _arch_of(drafter_path), target_has_mtp=n_nextn > 0)
+    kind = base_kind(spec)
     if kind == "mtp" and not n_nextn:
         raise LocalflashError(
             f"{cfg.target.name} has no MTP (nextn) layers, so --spec mtp cannot draft with it",
@@ -101,8 +95,7 @@ def open_engine(cfg: RunConfig, target=None):
         )
     if kind in MODEL_DRAFTERS and drafter_path is None:
         raise LocalflashError(f"--spec {kind} needs a drafter file", hint="pass --drafter PATH or use a pair")
-    synthetic = kind.startswith(SYNTHETIC)  # bench only: "synthetic@ALPHA", an oracle drafter
-    max_draft = DRAFT_MAX[SYNTHETIC if synthetic else kind]
+    max_draft = default_draft_max(kind)
     if cfg.draft_max is not None:
         max_draft = min(max_draft, cfg.draft_max) if kind == "dflash" else cfg.draft_max
     check_snapshot_depth(_arch_of(cfg.target) or "", max_draft, 512)
@@ -145,25 +138,9 @@ def open_engine(cfg: RunConfig, target=None):
             **exact_ctx,
         ),
     )
-    drafter_ctx = min(plan.drafter_n_ctx or plan.n_ctx, plan.n_ctx)
-    if kind == "dflash":
-        drafter = DFlashDrafter(drafter_model, target, ctx, drafter_ctx + 16, n_threads=cfg.threads, p_min=cfg.p_min)
-    elif kind == "eagle3":
-        drafter = Eagle3Drafter(drafter_model, target, ctx, drafter_ctx + max_draft + 1, max_draft, cfg.p_min, n_threads=cfg.threads)
-    elif kind == "draft":
-        drafter = DraftModelDrafter(drafter_model, target, drafter_ctx, max_draft, cfg.p_min, n_threads=cfg.threads)
-    elif kind == "mtp":
-        drafter = MtpDrafter(target, ctx, plan.n_ctx, max_draft, cfg.p_min, n_threads=cfg.threads, kv=plan.type_k)
-    elif kind == "ngram":
-        drafter = NgramDrafter(max_draft)
-    elif synthetic:
-        from localflash.speculative.synthetic import SyntheticDrafter
-
-        drafter = SyntheticDrafter(float(kind.partition("@")[2]), max_draft, target.n_vocab)
-    else:
-        drafter = None
-    if lookup:
-        drafter = LookupFirstDrafter(drafter)
+    drafter_ctx = min(plan.drafter_n_ctx or plan.n_ctx, plan.n_ctx)  # no drafter file (MTP, n-gram): the target's
+    drafter = make_drafter(spec, target, ctx, drafter_model, n_ctx=drafter_ctx, max_draft=max_draft, threads=cfg.threads,
+                           p_min=cfg.p_min, kv=plan.type_k)
     engine = Engine(target, ctx, drafter, adaptive=cfg.adaptive, draft_max=max_draft)
     engine.plan = plan
     if verbose():
@@ -171,6 +148,62 @@ def open_engine(cfg: RunConfig, target=None):
 
         sys.stderr.write(f"localflash: target cache rollback: {ctx.describe_rollback()}\n")
     return engine
+
+
+def default_draft_max(kind: str) -> int:
+    """The longest draft of a kind unless --draft-max says otherwise (``synthetic@ALPHA``: the synthetic one)."""
+    base = base_kind(kind)
+    return DRAFT_MAX[SYNTHETIC if base.startswith(SYNTHETIC) else base]
+
+
+def make_drafter(kind: str, target, ctx, drafter_model=None, *, n_ctx: int, max_draft: int | None = None, threads: int = 0,
+                 p_min: float = 0.0, kv: str = "f16", in_graph_argmax: bool | None = None, inner=None):
+    """The drafter of one kind (a --spec or bench mode), or None for ``none``; the one place drafters are made.
+
+    ``kind``: a base kind, its ``+ngram`` form (prompt lookup first) or ``synthetic@ALPHA`` (bench
+    only: an oracle drafter; ``inner``: a real drafter whose cost it pays). ``target``/``ctx``: the
+    target Model and the Context it verifies on (DFlash, EAGLE-3 and MTP read it); ``drafter_model``:
+    the loaded drafter file (dflash, eagle3, draft). ``n_ctx``: the tokens the drafter's cache must
+    hold (DFlash and EAGLE-3 get their block's room on top); ``max_draft``: the longest draft
+    (default: the kind's :data:`~localflash.archs.DRAFT_MAX`; DFlash drafts its block). ``kv``:
+    MTP's cache type; ``in_graph_argmax``: DFlash's argmax in llama.cpp's graph (None: where it pays).
+    """
+    base = base_kind(kind)
+    if max_draft is None:
+        max_draft = default_draft_max(base)
+    if base == "none":
+        return None
+    if base == "dflash":
+        from localflash.speculative.dflash import DFlashDrafter
+
+        drafter = DFlashDrafter(drafter_model, target, ctx, n_ctx + 16, n_threads=threads, p_min=p_min, in_graph_argmax=in_graph_argmax)
+    elif base == "eagle3":
+        from localflash.speculative.eagle3 import Eagle3Drafter
+
+        drafter = Eagle3Drafter(drafter_model, target, ctx, n_ctx + max_draft + 1, max_draft, p_min, n_threads=threads)
+    elif base == "draft":
+        from localflash.speculative.draft_model import DraftModelDrafter
+
+        drafter = DraftModelDrafter(drafter_model, target, n_ctx, max_draft, p_min, n_threads=threads)
+    elif base == "mtp":
+        from localflash.speculative.mtp import MtpDrafter
+
+        drafter = MtpDrafter(target, ctx, n_ctx, max_draft, p_min, n_threads=threads, kv=kv)
+    elif base == "ngram":
+        from localflash.speculative.drafter import NgramDrafter
+
+        drafter = NgramDrafter(max_draft)
+    elif base.startswith(SYNTHETIC):
+        from localflash.speculative.synthetic import SyntheticDrafter
+
+        drafter = SyntheticDrafter(float(base.partition("@")[2]), max_draft, target.n_vocab, inner=inner)
+    else:
+        raise ValueError(f"no drafter kind {kind!r}")
+    if kind.endswith(LOOKUP):
+        from localflash.speculative.drafter import LookupFirstDrafter
+
+        drafter = LookupFirstDrafter(drafter)
+    return drafter
 
 
 def plan_for(cfg: RunConfig, drafter_path: Path | None, max_draft: int, mtp: bool = False):

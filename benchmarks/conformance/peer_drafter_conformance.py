@@ -31,8 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from localflash.llama import Context, ContextOptions, Model
-from localflash.speculative.dflash import DFlashDrafter
-from localflash.speculative.eagle3 import Eagle3Drafter
+from localflash.engine import make_drafter
 from localflash.speculative.loop import Engine
 from localflash.testing.tiny import DFlash2Spec, Eagle3Spec, TinySpec, write_dflash2, write_eagle3, write_target
 
@@ -190,9 +189,9 @@ def main() -> int:
         firsts = []
         for ids, text in cases:
             if spec_type == "draft-dflash":
-                make = lambda ctx, p=path, pm=p_min: DFlashDrafter(Model(p), target, ctx, N_CTX + 16, n_threads=1, p_min=pm)  # noqa: E731
+                make = lambda ctx, p=path, pm=p_min: make_drafter("dflash", target, ctx, Model(p), n_ctx=N_CTX, threads=1, p_min=pm)  # noqa: E731
             else:
-                make = lambda ctx, p=path, pm=p_min, k=n_max: Eagle3Drafter(Model(p), target, ctx, N_CTX + 16, k, pm, n_threads=1)  # noqa: E731
+                make = lambda ctx, p=path, pm=p_min, k=n_max: make_drafter("eagle3", target, ctx, Model(p), n_ctx=N_CTX, max_draft=k, threads=1, p_min=pm)  # noqa: E731
             _, ours = localflash_cycles(target, make, ids, args.tokens)
             theirs = peer_cycles(peer, target_path, path, spec_type, text, args.tokens - 1, n_max, p_min)
             n, same, first = compare(label, ours, theirs)

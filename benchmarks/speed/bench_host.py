@@ -154,11 +154,10 @@ def kept_sizes(rows: np.ndarray, params) -> list[int]:
 def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) -> None:
     from localflash.llama import Context, ContextOptions, Model
     from localflash.speculative import loop
-    from localflash.speculative.dflash import DFlashDrafter
+    from localflash.engine import make_drafter
     from localflash.speculative.loop import Engine
     from localflash.speculative.sampling import SamplingParams
     from localflash.speculative.stats import Stats
-    from localflash.speculative.synthetic import SyntheticDrafter
 
     target = Model(tpath)
     k = block - 1
@@ -166,8 +165,8 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
     tt = bl.Timer(ctx)
     engines = {}
     for v in a.variants.split(","):  # before/host: NumPy reads the drafter's rows; graph: llama.cpp's graph returns ids
-        dflash = DFlashDrafter(Model(dpath), target, ctx, 1024 + 16, n_threads=a.threads, in_graph_argmax=v == "graph")
-        synth = SyntheticDrafter(a.alpha, k, target.n_vocab, seed=0, inner=dflash)
+        dflash = make_drafter("dflash", target, ctx, Model(dpath), n_ctx=1024, threads=a.threads, in_graph_argmax=v == "graph")
+        synth = make_drafter(f"synthetic@{a.alpha!r}", target, ctx, max_draft=k, n_ctx=1024, inner=dflash)
         engines[v] = (Engine(target, ctx, synth, adaptive=False, draft_max=k), synth, bl.Timer(dflash.ctx))
     prompt = [int(x) for x in np.random.default_rng(0).integers(300, target.n_vocab - 1, size=64)]
     real = (loop.Sampler, loop.verify_block)

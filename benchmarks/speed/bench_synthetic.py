@@ -70,10 +70,9 @@ def main(argv=None) -> int:
     bl.set_omp_wait("passive")
     from localflash.llama import Context, ContextOptions, Model
     from localflash.registry.pairs import get_pair
-    from localflash.speculative.dflash import DFlashDrafter
+    from localflash.engine import make_drafter
     from localflash.speculative.loop import Engine
     from localflash.speculative.stats import Stats
-    from localflash.speculative.synthetic import SyntheticDrafter
 
     peer = Path(os.environ.get("PEER_DIR", "/work/peer")) / "bin" / "llama-cli"
     pair = get_pair("demo")
@@ -90,8 +89,8 @@ def main(argv=None) -> int:
             ctx = Context(target, ContextOptions(n_ctx=2048, n_outputs_max=16, n_threads=1))
             drafter = None
             if alpha is not None:
-                dflash = DFlashDrafter(Model(pair.drafter), target, ctx, 2048 + 16, n_threads=1) if inner else None
-                drafter = SyntheticDrafter(alpha, k, target.n_vocab, seed=0, inner=dflash)
+                dflash = make_drafter("dflash", target, ctx, Model(pair.drafter), n_ctx=2048, threads=1) if inner else None
+                drafter = make_drafter(f"synthetic@{alpha!r}", target, ctx, max_draft=k, n_ctx=2048, inner=dflash)
                 drafter.set_reference(toks + ref)
             eng = Engine(target, ctx, drafter, adaptive=False, draft_max=k if alpha is not None else 0)
             st = Stats()

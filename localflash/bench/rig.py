@@ -80,7 +80,7 @@ def render(model, text: str) -> tuple[str, list[int]]:
 @dataclass
 class Mode:
     name: str  # "plain", "ngram-k4", "draft-adaptive", ...
-    kind: str  # none | ngram | draft | dflash | mtp | mtp+ngram
+    kind: str  # none or a drafter kind (archs.KINDS): ngram, draft, dflash, eagle3, mtp, their +ngram forms
     k: int  # fixed draft length, or the adaptive maximum
     adaptive: bool
     engine: object = None
@@ -139,15 +139,12 @@ def mode_names(kinds: list[str], lengths: list[int], adaptive_max: dict[str, int
 
 def build(target_path: Path, drafters: dict[str, Path | None], specs: list[tuple[str, str, int, bool]], *, n_ctx: int,
           threads: int = 0, n_gpu_layers: int = -1, sync: bool = False, target=None) -> Bench:
-    """Load everything ``specs`` (from :func:`mode_names`) needs; ``drafters`` maps kind -> drafter file."""
+    """Load everything ``specs`` (from :func:`mode_names`) needs; ``drafters`` maps a model kind (dflash, draft, eagle3) -> its file."""
+    from localflash.archs import MODEL_DRAFTERS, RECURRENT_ARCHS, base_kind
+    from localflash.engine import make_drafter
     from localflash.llama import Context, ContextOptions, Model, ModelOptions
-    from localflash.speculative.dflash import DFlashDrafter
-    from localflash.speculative.draft_model import DraftModelDrafter
-    from localflash.speculative.drafter import Drafter, NgramDrafter
+    from localflash.speculative.drafter import Drafter, LookupFirstDrafter
     from localflash.speculative.loop import Engine
-    from localflash.speculative.mtp import MtpDrafter
-    from localflash.speculative.drafter import LookupFirstDrafter
-    from localflash.archs import RECURRENT_ARCHS
 
     if target is None:
         mtp = any(kind.startswith("mtp") for _, kind, _, _ in specs)
@@ -156,28 +153,16 @@ def build(target_path: Path, drafters: dict[str, Path | None], specs: list[tuple
     kmax = {kind: max([k for _, kd, k, _ in specs if kd == kind] or [0]) for kind in {s[1] for s in specs}}
     shared: dict[str, tuple[object, object]] = {}
     for kind in kmax:
-        n_rs = kmax[kind] if target.arch in RECURRENT_ARCHS else 0  # as runner/plan: the longest draft
+        n_rs = kmax[kind] if target.arch in RECURRENT_ARCHS else 0  # as engine/plan: the longest draft
         ctx = Context(target, ContextOptions(n_ctx=n_ctx, n_outputs_max=max(kmax[kind] + 1, 1), n_threads=threads, n_rs_seq=n_rs))
-        drafter_timer = None
         if kind == "none":
             drafter = Drafter()
-        elif kind == "ngram":
-            drafter = NgramDrafter(max(kmax[kind], 1))
-        elif kind == "draft":
-            dm = Model(drafters["draft"], ModelOptions(n_gpu_layers=n_gpu_layers))
-            drafter = DraftModelDrafter(dm, target, n_ctx, max(kmax[kind], 1), 0.0, n_threads=threads)
-            drafter_timer = Timer(drafter.ctx, sync)
-        elif kind == "dflash":
-            dm = Model(drafters["dflash"], ModelOptions(n_gpu_layers=n_gpu_layers))
-            drafter = DFlashDrafter(dm, target, ctx, n_ctx + 16, n_threads=threads)
-            drafter_timer = Timer(drafter.ctx, sync)
-        elif kind in ("mtp", "mtp+ngram"):  # the target's own MTP block, in its own MTP context
-            drafter = MtpDrafter(target, ctx, n_ctx, max(kmax[kind], 1), n_threads=threads)
-            drafter_timer = Timer(drafter.ctx, sync)
-            if kind == "mtp+ngram":
-                drafter = LookupFirstDrafter(drafter)
         else:
-            raise ValueError(kind)
+            base = base_kind(kind)
+            dm = Model(drafters[base], ModelOptions(n_gpu_layers=n_gpu_layers)) if base in MODEL_DRAFTERS else None
+            drafter = make_drafter(kind, target, ctx, dm, n_ctx=n_ctx, max_draft=max(kmax[kind], 1), threads=threads)
+        inner = drafter.model if isinstance(drafter, LookupFirstDrafter) else drafter
+        drafter_timer = Timer(inner.ctx, sync) if hasattr(inner, "ctx") else None  # drafters with a context of their own
         bench.timers[kind] = (Timer(ctx, sync), drafter_timer)
         shared[kind] = (ctx, drafter)
         bench.closers.append(lambda c=ctx, d=drafter: (d.close(), c.close()))
