@@ -229,3 +229,16 @@ def _provenance_sums_and_caps(tiny):
     assert runs["stop"][0] == text[: text.index(stop)] and runs["stop"][1] >= len(runs["stop"][0])
     with pytest.raises(LocalflashError, match="draft_max"):
         tiny.chat(prompt, max_tokens=4, draft_max=-1)
+
+
+def test_info_says_what_was_loaded_and_drafter_kind_resolves_auto_without_loading(tiny, tiny_target, tiny_drafters, tiny_dflash):
+    from localflash.api import drafter_kind
+    from localflash.config import config_from
+
+    info = tiny.info()
+    assert (info.name, info.pair, info.target, info.drafter, info.drafter_file) == ("target", None, tiny_target, "draft", tiny_drafters["near"])
+    assert info.n_ctx == tiny.n_ctx and info.draft_max > 0 and info.adaptive and info.threads == 1
+    assert info.rollback == "kv" and info.plan.n_ctx == info.n_ctx  # an attention-only target; the plan it loaded with
+    auto = lambda drafter: drafter_kind(config_from(None, str(tiny_target), str(drafter) if drafter else None))  # noqa: E731
+    assert (auto(tiny_dflash), auto(tiny_drafters["near"]), auto(None)) == ("dflash", "draft", "ngram")
+    assert drafter_kind(config_from(None, str(tiny_target), None, spec="mtp")) == "mtp"
