@@ -16,7 +16,7 @@ flip the argmax). Every combination of thread count, CPU weight repacking
         --ctx-tokens 64,600,1100 --batch 5,17 --steps 12
 
 ``--exact`` adds a row per thread count with exactly what ``localflash --exact`` sets
-(runner.exact_options: repacking off, tiled matmul off, flash attention on, one-row
+(engine.exact_options: repacking off, tiled matmul off, flash attention on, one-row
 decodes padded to two rows); docs/benchmarks.md has the table.
 """
 
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx-tokens", default="", help="prompt lengths in tokens (default: one Spec-Bench summarization prompt)")
     ap.add_argument("--batch", default="5", help="rows per verify batch, comma-separated")
     ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--exact", action="store_true", help="also measure exact mode (runner.exact_options: the --exact settings) per thread count")
+    ap.add_argument("--exact", action="store_true", help="also measure exact mode (engine.exact_options: the --exact settings) per thread count")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

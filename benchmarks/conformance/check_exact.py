@@ -7,7 +7,7 @@ prompt of the bench suite (benchmarks/speed/bench_suite.py: Spec-Bench's six cat
 prompt each, and the first HumanEval prompt) is generated greedily at each length
 (default 128 and 256 new tokens) and compared with plain decoding (``--spec none``) of the
 same engine settings: token ids and detokenized text. Engines are built the way the CLI
-builds them (``runner.config_from`` + ``open_engine``, one shared target).
+builds them (``config.config_from`` + ``engine.open_engine``, one shared target).
 
 ``--numerics exact`` is ``localflash run --exact``; ``--numerics default`` is llama.cpp's
 default CPU numerics, where the script reports where the first changed token was and the

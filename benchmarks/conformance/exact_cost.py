@@ -8,7 +8,7 @@ Settings (each in its own process, since ggml reads its switches once per proces
 - ``exact``: what ``--exact`` sets: repacking off, tiled matmul off (GGML_CPU_TILED_MM=0),
   flash attention on, one-row decodes padded to two rows;
 - ``exact-nopad``: the same without the padding: what ``--exact`` does for a K-quant file at one
-  thread (runner.exact_row_padding);
+  thread (engine.exact_row_padding);
 - ``exact-1t``: the same, but one-row decodes unpadded on one thread (what exact mode does for
   recurrent targets);
 - ``exact-force``: like ``exact-1t`` with the tiled matmul forced for every batch size

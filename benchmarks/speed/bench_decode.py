@@ -77,11 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     ap.add_argument("--omp-wait", choices=("passive", "active", "default"), default="passive",
-                    help="OpenMP wait policy (default passive: see benchlib.set_omp_wait)")
+                    help="OpenMP wait policy (default passive: see localflash/bench/rig.set_omp_wait)")
     a = ap.parse_args(argv)
-    from localflash.bench import rig as benchlib
+    from localflash.bench import rig
 
-    benchlib.set_omp_wait(a.omp_wait)
+    rig.set_omp_wait(a.omp_wait)
     from llama_cpp import Llama
 
     from localflash.llama import Context, ContextOptions, Model

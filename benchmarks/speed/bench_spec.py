@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=int(os.environ.get("LOCALFLASH_THREADS", "1")),
                     help="llama.cpp threads (default 1: see docs/benchmarks.md on threads and shared cores)")
     ap.add_argument("--omp-wait", choices=("passive", "active", "default"), default="passive",
-                    help="OpenMP wait policy for llama.cpp's threads (default passive: see benchlib.set_omp_wait)")
+                    help="OpenMP wait policy for llama.cpp's threads (default passive: see localflash/bench/rig.set_omp_wait)")
     ap.add_argument("--json", default=None, help="write every run and the summary here")
     a = ap.parse_args(argv)
     bl.set_omp_wait(a.omp_wait)
