@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localflash.engine import drafter_kind
 from localflash.errors import LocalflashError
 from localflash.phases import PHASES
 from localflash.session import Chunk, Completion, Conversation, Generation, Session
@@ -67,29 +68,6 @@ def open_llm(cfg, draft: str = "on") -> "LLM":
     except BaseException:
         engine.close()
         raise
-
-
-def drafter_kind(cfg) -> str:
-    """The drafter kind a ``RunConfig`` asks for, ``--spec auto`` resolved without loading anything.
-
-    ``auto``: the drafter file's kind (by its architecture), ``draft`` for a drafter
-    made from the target on first use, else ``mtp`` when the target has MTP layers,
-    else ``ngram``.
-    """
-    if cfg.spec != "auto":
-        return cfg.spec
-    from localflash.formats.gguf_meta import read_meta
-
-    if cfg.drafter is not None and cfg.drafter.exists():
-        from localflash.archs import kind_of_drafter_arch
-        from localflash.llama import check_gguf
-
-        return kind_of_drafter_arch(read_meta(check_gguf(cfg.drafter)).arch)
-    if cfg.derive:
-        return "draft"
-    from localflash.engine import nextn_layers
-
-    return "mtp" if nextn_layers(cfg.target) else "ngram"
 
 
 @dataclass(frozen=True)
@@ -168,9 +146,8 @@ class LLM:
 
         start_on = True
         if verdict is not None:
-            from localflash.bench.verdicts import apply_verdict
-
-            start_on = apply_verdict(self.engine, verdict)
+            self.engine.policy.seed(verdict.get("position_acceptance") or [])
+            start_on = float(verdict.get("speedup", 1.0)) >= 1.0
         if self.session.active is not None:
             self.session.active.close()
         self.session = Session(self.engine, draft_mode=draft or self.session.draft_mode, gate=PhaseGate(start_on=start_on))

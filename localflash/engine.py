@@ -57,12 +57,19 @@ def exact_options(exact: bool, arch: str | None = None, pad: bool = True) -> tup
     return {"use_extra_bufts": False}, {"flash_attn": 1, **rows}
 
 
-def drafter_kind(cfg: RunConfig, drafter_arch: str | None, target_has_mtp: bool = False) -> str:
+def drafter_kind(cfg: RunConfig) -> str:
+    """The drafter kind a RunConfig asks for, ``--spec auto`` resolved from the file headers (nothing loaded).
+
+    ``auto``: the drafter file's kind (by its architecture); ``draft`` for a drafter made
+    from the target on first use; else ``mtp`` when the target has MTP layers, else ``ngram``.
+    """
     if cfg.spec != "auto":
         return cfg.spec
-    if cfg.drafter is None and cfg.derive is None:
-        return "mtp" if target_has_mtp else "ngram"
-    return kind_of_drafter_arch(drafter_arch)
+    if cfg.drafter is not None and (cfg.drafter.exists() or not cfg.derive):
+        return kind_of_drafter_arch(_arch_of(cfg.drafter))  # a missing file: check_gguf's one-line error
+    if cfg.derive:
+        return "draft"
+    return "mtp" if nextn_layers(cfg.target) else "ngram"
 
 
 def ensure_drafter_file(cfg: RunConfig) -> Path | None:
@@ -86,7 +93,7 @@ def open_engine(cfg: RunConfig, target=None):
 
     drafter_path = ensure_drafter_file(cfg) if base_kind(cfg.spec) in ("auto", *MODEL_DRAFTERS) else None
     n_nextn = nextn_layers(cfg.target)
-    spec = drafter_kind(cfg, _arch_of(drafter_path), target_has_mtp=n_nextn > 0)
+    spec = drafter_kind(cfg)
     kind = base_kind(spec)
     if kind == "mtp" and not n_nextn:
         raise LocalflashError(

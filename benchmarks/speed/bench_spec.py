@@ -51,11 +51,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from localflash.llama import Model, ModelOptions
     from localflash.config import config_from
-    from localflash.engine import drafter_kind, ensure_drafter_file, nextn_layers
+    from localflash.engine import drafter_kind, ensure_drafter_file
 
     cfg = config_from(None if a.model else a.pair, a.model, None)
     if cfg.spec == "auto":
-        cfg.spec = drafter_kind(cfg, None, target_has_mtp=nextn_layers(cfg.target) > 0)
+        cfg.spec = drafter_kind(cfg)
     kinds = [k.strip() for k in a.kinds.split(",")] if a.kinds else [cfg.spec] + (["ngram"] if cfg.spec != "ngram" else [])
     kinds = [k for k in dict.fromkeys(kinds) if k and k != "none"]
     drafters = {}

@@ -340,7 +340,8 @@ def rig_info(n_gpu_layers: int) -> dict:
 
 def machine_info() -> dict:
     """The machine and software versions a script's figures come from (for its JSON report)."""
-    import llama_cpp
+    from importlib.metadata import version
+
     import numpy
 
     info = {
@@ -349,7 +350,7 @@ def machine_info() -> dict:
         "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "os": platform.platform(),
         "python": platform.python_version(),
-        "llama_cpp_python": llama_cpp.__version__,
+        "llama_cpp_python": version("llama-cpp-python"),
         "numpy": numpy.__version__,
     }
     try:

@@ -1,7 +1,7 @@
 """The verdict of a bench run (which mode pays on this rig, per category), saved per rig and pair.
 
 ``localflash bench`` makes and saves it; ``localflash models`` lists them; ``chat --draft auto``
-starts from one (:func:`apply_verdict` seeds the draft-length policy with the bench's acceptance).
+starts from one (``LLM.conversation(verdict=...)`` seeds the draft-length policy with the bench's acceptance).
 """
 
 from __future__ import annotations
@@ -53,19 +53,6 @@ def load_verdict(rig: str, key: str) -> dict | None:
 
 def all_verdicts() -> list[dict]:
     return list(_read_verdicts().values())
-
-
-def apply_verdict(engine, mode_verdict: dict, weight: float = 4.0) -> bool:
-    """Seed the engine's draft-length policy with the bench's per-position acceptance.
-
-    Returns whether drafting paid on the bench (the starting state for ``--draft auto``).
-    """
-    policy = engine.policy
-    rates = mode_verdict.get("position_acceptance") or []
-    for j, rate in enumerate(rates[: policy.max_draft]):
-        policy.hits[j] = float(rate) * weight
-        policy.tries[j] = weight
-    return float(mode_verdict.get("speedup", 1.0)) >= 1.0
 
 
 def make_verdict(report: dict) -> dict:

@@ -72,6 +72,12 @@ class DraftPolicy:
     def accept_rate(self, j: int) -> float:
         return (self.hits[j] + PRIOR_HITS) / (self.tries[j] + PRIOR_TRIES)
 
+    def seed(self, position_acceptance, weight: float = 4.0) -> None:
+        """Start from measured acceptance per draft position (a bench verdict), worth ``weight`` tries each."""
+        for j, rate in enumerate(list(position_acceptance)[: self.max_draft]):
+            self.hits[j] = float(rate) * weight
+            self.tries[j] = weight
+
     def expected_tokens(self, k: int) -> float:
         e, run = 1.0, 1.0
         for j in range(k):
