@@ -1,6 +1,7 @@
 """The only package that imports llama_cpp. Everything else uses these wrappers."""
 
 from localflash.llama.bindings import recent_log, set_verbose, verbose
+from localflash.llama.sequences import SeqView, decode_views
 from localflash.llama.runtime import (
     KV_TYPES,
     Batch,
@@ -24,6 +25,8 @@ __all__ = [
     "check_gguf",
     "default_threads",
     "gpu_offload_supported",
+    "SeqView",
+    "decode_views",
     "recent_log",
     "set_verbose",
     "verbose",

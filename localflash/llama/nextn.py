@@ -29,6 +29,8 @@ def enable_nextn(ctx: Context, masked: bool) -> None:
 
 def nextn_rows(ctx: Context, n_rows: int) -> np.ndarray:
     """Hidden states of the first ``n_rows`` tokens of the last decode (unmasked export): ``[n_rows, n_embd]`` view."""
+    if not isinstance(ctx, Context):  # one sequence's view of a shared context: its own rows
+        return ctx.nextn_rows(n_rows)
     ptr = ext().llama_get_embeddings_nextn(ctx.ptr)
     if not ptr:
         raise LocalflashError("no nextn hidden states", hint="enable_nextn(ctx) before decoding")

@@ -49,7 +49,12 @@ class StateCheckpoint:
 
 
 class RecurrentCache:
-    """Cache-cut semantics of :class:`~localflash.llama.runtime.Context` (sequence 0)."""
+    """Cache-cut semantics of one sequence (``self.seq``) of a context.
+
+    :class:`~localflash.llama.runtime.Context` is sequence 0 of its own context; a
+    :class:`~localflash.llama.sequences.SeqView` is another sequence of a shared one,
+    with its own end, snapshots pending and checkpoints.
+    """
 
     def _init_rollback(self, mtp: bool = False, n_ubatch: int = 512) -> None:
         L = lib()
@@ -121,7 +126,7 @@ class RecurrentCache:
                 f"(the last decode wrote {self._last_start}..{self.end - 1}; snapshots: {self.n_rs_seq})",
                 hint="this is a localflash bug: such cuts must go through a checkpoint (Context.rewind)",
             )
-        if not lib().llama_memory_seq_rm(self.mem, 0, p0, -1):
+        if not lib().llama_memory_seq_rm(self.mem, self.seq, p0, -1):
             raise RollbackError(
                 f"{self.model.path.name}: the cache could not drop positions from {p0}",
                 hint="hybrid/recurrent models need n_rs_seq >= the draft length",
@@ -165,9 +170,9 @@ class RecurrentCache:
             return None
         L = lib()
         flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-        size = L.llama_state_seq_get_size_ext(self.ptr, 0, flags)
+        size = L.llama_state_seq_get_size_ext(self.ptr, self.seq, flags)
         data = (ctypes.c_uint8 * size)()
-        if size == 0 or L.llama_state_seq_get_data_ext(self.ptr, data, size, 0, flags) != size:
+        if size == 0 or L.llama_state_seq_get_data_ext(self.ptr, data, size, self.seq, flags) != size:
             raise RollbackError(f"{self.model.path.name}: llama.cpp could not save the recurrent state at position {self.end}")
         cp = StateCheckpoint(self.end, data)
         if transient:
@@ -181,9 +186,9 @@ class RecurrentCache:
         L = lib()
         if cp.n > self.end:
             raise RollbackError(f"{self.model.path.name}: checkpoint at {cp.n} lies past the cache's end {self.end}")
-        got = L.llama_state_seq_set_data_ext(self.ptr, cp.data, len(cp.data), 0, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+        got = L.llama_state_seq_set_data_ext(self.ptr, cp.data, len(cp.data), self.seq, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
         # the recurrent cell now sits at cp.n - 1, so the hybrid seq_rm below only drops attention rows
-        if got == 0 or not L.llama_memory_seq_rm(self.mem, 0, cp.n, -1):
+        if got == 0 or not L.llama_memory_seq_rm(self.mem, self.seq, cp.n, -1):
             self.clear()
             raise RollbackError(
                 f"{self.model.path.name}: the recurrent-state checkpoint at position {cp.n} could not be restored",

@@ -218,17 +218,27 @@ class ContextOptions:
     type_v: str = "f16"
     flash_attn: int = -1  # AUTO
     n_rs_seq: int = 0  # recurrent-state snapshots, for hybrid targets' rollback
+    # sequences the context holds (parallel slots, tree branches); n_ctx is shared by all of them.
+    # kv_unified False gives each sequence its own KV stream of n_ctx / n_seq_max cells, laid out as a
+    # one-sequence context would lay it out (a row's attention sums the same cells in the same order)
+    n_seq_max: int = 1
+    kv_unified: bool = True
     mtp: bool = False  # an MTP context: runs the model's nextn block (LLAMA_CONTEXT_TYPE_MTP)
 
 
 class Batch:
-    """A reusable ``llama_batch`` with NumPy views onto its arrays."""
+    """A reusable ``llama_batch`` with NumPy views onto its arrays.
 
-    def __init__(self, capacity: int, embd_width: int = 0):
+    Every row starts in sequence 0 with one sequence id; :meth:`set_seqs` puts rows in other
+    sequences, or one row in several (up to ``n_seq_max``: a token shared by tree branches).
+    """
+
+    def __init__(self, capacity: int, embd_width: int = 0, n_seq_max: int = 1):
         L = lib()
         self.capacity = capacity
         self.width = embd_width
-        self.raw = L.llama_batch_init(capacity, embd_width, 1)
+        self.n_seq_max = n_seq_max
+        self.raw = L.llama_batch_init(capacity, embd_width, n_seq_max)
         self.close = weakref.finalize(self, L.llama_batch_free, self.raw)
         if embd_width:
             self.embd = np.ctypeslib.as_array(self.raw.embd, shape=(capacity, embd_width))
@@ -236,9 +246,35 @@ class Batch:
             self.token = np.ctypeslib.as_array(self.raw.token, shape=(capacity,))
         self.pos = np.ctypeslib.as_array(self.raw.pos, shape=(capacity,))
         self.logits = np.ctypeslib.as_array(self.raw.logits, shape=(capacity,))
-        np.ctypeslib.as_array(self.raw.n_seq_id, shape=(capacity,))[:] = 1
+        self.n_seq_id = np.ctypeslib.as_array(self.raw.n_seq_id, shape=(capacity,))
+        self.n_seq_id[:] = 1
         for i in range(capacity):
             self.raw.seq_id[i][0] = 0
+        self._seq = np.zeros(capacity, np.int64)  # each row's (first) sequence id as set, to skip unchanged rows
+        self._multi = False  # some row lists more than one sequence
+
+    def set_seqs(self, seqs, start: int = 0) -> None:
+        """Row ``start + i`` belongs to sequence ``seqs[i]`` (an int) or to every id of ``seqs[i]`` (a list)."""
+        if self._multi:
+            self.n_seq_id[:] = 1
+            self._multi = False
+        for i, s in enumerate(seqs, start):
+            if isinstance(s, (list, tuple)):
+                if not 1 <= len(s) <= self.n_seq_max:
+                    raise ValueError(f"row {i} lists {len(s)} sequences; the batch was made for 1..{self.n_seq_max}")
+                for j, x in enumerate(s):
+                    self.raw.seq_id[i][j] = x
+                self.n_seq_id[i] = len(s)
+                self._seq[i] = -1
+                self._multi = self._multi or len(s) > 1
+            elif self._seq[i] != s:
+                self.raw.seq_id[i][0] = s
+                self._seq[i] = s
+
+    def reset_seqs(self, n: int) -> None:
+        """Rows ``0..n-1`` back in sequence 0 (what one-sequence decodes expect)."""
+        if self._multi or self._seq[:n].any():
+            self.set_seqs([0] * n)
 
 
 class Context(RecurrentCache):
@@ -255,7 +291,8 @@ class Context(RecurrentCache):
         p.n_ctx = o.n_ctx
         p.n_batch = min(o.n_batch, o.n_ctx)
         p.n_ubatch = min(o.n_ubatch, p.n_batch)
-        p.n_seq_max = 1
+        p.n_seq_max = max(1, o.n_seq_max)
+        p.kv_unified = o.kv_unified
         p.n_outputs_max = max(o.n_outputs_max, o.min_rows) if o.n_outputs_max else 0
         p.n_outputs_max_per_seq = 0  # = n_outputs_max: in-graph samplers may then take every output row
         p.n_rs_seq = o.n_rs_seq
@@ -280,7 +317,10 @@ class Context(RecurrentCache):
         self.n_batch = p.n_batch
         self.n_outputs_max = o.n_outputs_max or p.n_batch
         self.mem = L.llama_get_memory(self.ptr)
-        self._batch = Batch(self.n_batch)
+        self.n_seq_max = p.n_seq_max
+        self.n_ctx_seq = L.llama_n_ctx_seq(self.ptr) - (self.min_rows - 1)  # one sequence's share (all of it when unified)
+        self.seq = 0  # the sequence this object's own decodes and cuts address
+        self._batch = Batch(self.n_batch, n_seq_max=p.n_seq_max)
         self._embd_batch: Batch | None = None
         self._n_out = 0
         self._last_row = -1
@@ -298,6 +338,8 @@ class Context(RecurrentCache):
         if n > self.n_batch:
             raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
         b = self._batch
+        if self.n_seq_max > 1:
+            b.reset_seqs(n + self.min_rows)
         b.token[:n] = tokens
         b.pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
         if outputs == "all":
@@ -325,6 +367,30 @@ class Context(RecurrentCache):
         self._n_out = n_out
         self.n_last = n
         return n_out
+
+    def decode_rows(self, tokens, pos, seqs, outputs) -> None:
+        """One decode of rows from several sequences: ``tokens[i]`` at ``pos[i]`` in ``seqs[i]``.
+
+        ``outputs[i]`` marks the rows whose logits are wanted; :meth:`logits` takes a row's
+        batch index. No padding and no rollback bookkeeping: the caller (one view per
+        sequence, ``localflash.llama.sequences``) keeps each sequence's.
+        """
+        n = len(tokens)
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        n_out = int(np.count_nonzero(outputs))
+        if n_out > self.n_outputs_max:
+            raise LocalflashError(f"{n_out} output rows requested but the context was made for {self.n_outputs_max}")
+        b = self._batch
+        b.token[:n] = tokens
+        b.pos[:n] = pos
+        b.logits[:n] = outputs
+        b.set_seqs(seqs)
+        b.raw.n_tokens = n
+        self._run(b.raw, n)
+        self._last_row = -1
+        self._n_out = n_out
+        self.n_last = n
 
     def last_tokens(self) -> np.ndarray:
         """The token ids of the last token decode (a view, valid until the next one)."""
@@ -392,8 +458,8 @@ class Context(RecurrentCache):
         return lib().llama_get_sampled_token_ith(self.ptr, row)
 
     # -- memory -------------------------------------------------------------
-    def pos_max(self) -> int:
-        return lib().llama_memory_seq_pos_max(self.mem, 0)
+    def pos_max(self, seq: int = 0) -> int:
+        return lib().llama_memory_seq_pos_max(self.mem, seq)
 
     def clear(self) -> None:
         lib().llama_memory_clear(self.mem, True)
