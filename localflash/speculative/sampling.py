@@ -31,6 +31,7 @@ from localflash.errors import LocalflashError
 
 WINDOW = 256  # tokens in the first candidate window (top-k: at least 4 k)
 STRIDE = 16  # the window's threshold comes from every STRIDE-th logit
+Z_SLACK = 1e-9  # relative: two float64 sums of n <= 4e6 non-negative terms differ by at most 2 n 2^-53 < 1e-9
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,18 @@ class SamplingParams:
 
 def reference_distribution(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
     """The filtered distribution by the book: sort the whole vocabulary (slow; the tests' reference)."""
+    ids, vals = _book(logits, p)
+    return ids, _tempered(vals, p.temperature)
+
+
+def reference_sample(logits: np.ndarray, p: SamplingParams, u: float) -> int:
+    """The book's token at uniform ``u``: the inverse CDF over the book's kept set."""
+    ids, vals = _book(logits, p)
+    return int(ids[_draw(vals, p.temperature, u)])
+
+
+def _book(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """Kept ids (descending logit, ties by id) and their float64 logits, from a sort of the whole vocabulary."""
     n = logits.shape[0]
     if 0 < p.top_k < n:
         ids = np.argpartition(-logits, p.top_k - 1)[: p.top_k]
@@ -71,17 +84,23 @@ def reference_distribution(logits: np.ndarray, p: SamplingParams) -> tuple[np.nd
     vals = logits[ids].astype(np.float64)
     order = np.lexsort((ids, -vals))
     ids, vals = ids[order], vals[order]
-    keep = _keep(vals, p, float(np.exp(vals - vals[0]).sum()))
-    return ids[:keep], _tempered(vals[:keep], p.temperature)
+    keep = _keep(vals, p)
+    return ids[:keep], vals[:keep]
 
 
-def _keep(vals: np.ndarray, p: SamplingParams, z: float) -> int:
-    """How many of the sorted ``vals`` top-p and min-p keep, for normaliser ``z``."""
+def _keep(vals: np.ndarray, p: SamplingParams) -> int:
+    """How many of the sorted ``vals`` top-p and min-p keep (``vals``: every candidate left after top-k).
+
+    Top-p: the shortest prefix whose cumulative weight reaches ``top_p`` of the total, on the
+    sequential cumulative sum of ``exp(vals - vals[0])`` (its last entry is the total); min-p:
+    weights of at least ``min_p`` (relative to the top token's), as llama.cpp does.
+    """
     keep = len(vals)
     if p.top_p < 1.0 or p.min_p > 0.0:
         w = np.exp(vals - vals[0])
         if p.top_p < 1.0:
-            keep = min(keep, int(np.searchsorted(np.cumsum(w), p.top_p * z)) + 1)
+            cum = np.cumsum(w)
+            keep = min(keep, int(np.searchsorted(cum, p.top_p * cum[-1])) + 1)
         if p.min_p > 0.0:
             keep = min(keep, int(np.count_nonzero(w >= p.min_p)))
     return max(keep, 1)
@@ -92,6 +111,12 @@ def _tempered(vals: np.ndarray, temperature: float) -> np.ndarray:
     return probs / probs.sum()
 
 
+def _draw(vals: np.ndarray, temperature: float, u: float) -> int:
+    """Index of the token at ``u`` of the tempered distribution over the sorted ``vals`` (inverse CDF)."""
+    cum = np.cumsum(np.exp((vals - vals[0]) / temperature))
+    return min(int(np.searchsorted(cum, u * cum[-1], side="right")), len(vals) - 1)
+
+
 def kept_set(logits: np.ndarray, p: SamplingParams, window: int = WINDOW) -> tuple[np.ndarray, np.ndarray, str]:
     """Kept token ids (sorted) and their logits (float64), and how they were found.
 
@@ -100,11 +125,11 @@ def kept_set(logits: np.ndarray, p: SamplingParams, window: int = WINDOW) -> tup
     """
     n = logits.shape[0]
     k = p.top_k if 0 < p.top_k < n else 0
-    if not k and p.top_p >= 1.0 and p.min_p > 0.0:  # min-p alone: an explicit threshold
+    if not k and p.top_p >= 1.0 and p.min_p > 0.0:  # min-p alone: an explicit threshold (a little low; _keep cuts)
         top = float(logits.max())
-        cand = np.flatnonzero(logits >= top + math.log(p.min_p) - 1e-6)
+        cand = np.flatnonzero(logits >= top + math.log(p.min_p) - 1e-3)
         ids, vals, _ = _prefix(logits, cand, top, count=len(cand))
-        m = _keep(vals, p, 0.0)
+        m = _keep(vals, p)
         return ids[:m], vals[:m], "window"
     z_exact = None
     how = "window"
@@ -117,30 +142,47 @@ def kept_set(logits: np.ndarray, p: SamplingParams, window: int = WINDOW) -> tup
         if k and (len(cand) >= k or whole):
             ids, vals, _ = _prefix(logits, cand, top, count=k)
             ids, vals = ids[:k], vals[:k]
-            m = _keep(vals, p, float(np.exp(vals - top).sum()))
+            m = _keep(vals, p)
             return ids[:m], vals[:m], how
         if not k and p.top_p < 1.0:
+            # the cut under the normaliser's bounds (window sum .. plus every left-out token at the threshold),
+            # then under the exact normaliser's; a cut the margin leaves open is taken the book's way
             s_window = float(np.exp(logits[cand].astype(np.float64) - top).sum())
-            while True:  # the cut under the normaliser's bounds, then under the exact normaliser
-                if z_exact is None:
-                    z_lo, z_hi = s_window, s_window + (0.0 if whole else (n - len(cand)) * math.exp(float(thr) - top))
-                else:
-                    z_lo = z_hi = z_exact
-                if p.top_p * z_hi <= s_window * (1 - 1e-12) or whole:
-                    ids, vals, cum = _prefix(logits, cand, top, mass=p.top_p * z_hi)
-                    lo = int(np.searchsorted(cum, p.top_p * z_lo)) + 1
-                    if lo == int(np.searchsorted(cum, p.top_p * z_hi)) + 1 and lo <= len(ids):
-                        m = _keep(vals[:lo], replace_top_p(p), 0.0)  # min-p on top
-                        return ids[:m], vals[:m], how
-                if z_exact is not None or whole:
-                    break
-                z_exact = _normaliser(logits, top)
-                how = "exact-z"
+            got = "short"
+            if z_exact is None:
+                tail = 0.0 if whole else (n - len(cand)) * math.exp(float(thr) - top)
+                got = _top_p_cut(logits, cand, top, p, s_window, s_window + tail, s_window)
+                if got in ("short", "open") and not whole:
+                    z_exact = _normaliser(logits, top)
+                    how = "exact-z"
+            if z_exact is not None:
+                got = _top_p_cut(logits, cand, top, p, z_exact, z_exact, s_window)
+            if got == "open" or (got == "short" and whole):
+                ids, vals = _book(logits, p)
+                return ids, vals, "full"
+            if got != "short":
+                ids, vals = got
+                return ids, vals, how
         if whole:  # top-p 1 and min-p 0 (the reference's unfiltered case)
             ids, vals, _ = _prefix(logits, cand, top, count=n)
             return ids, vals, "full"
         want *= 8
         how = "wider" if want < n // 4 else "full"
+
+
+def _top_p_cut(logits, cand, top: float, p: SamplingParams, z_lo: float, z_hi: float, s_window: float):
+    """The top-p (then min-p) kept set within ``cand`` if it is the same for every normaliser in
+    ``[z_lo, z_hi]`` widened by ``Z_SLACK``: (ids, vals); ``"short"`` when ``cand`` may hold less than
+    ``top_p`` of the mass, ``"open"`` when the bounds allow two cuts."""
+    lo_mass, hi_mass = p.top_p * z_lo * (1 - Z_SLACK), p.top_p * z_hi * (1 + Z_SLACK)
+    if hi_mass > s_window * (1 - Z_SLACK):
+        return "short"
+    ids, vals, cum = _prefix(logits, cand, top, mass=hi_mass)
+    lo = int(np.searchsorted(cum, lo_mass)) + 1
+    if lo != int(np.searchsorted(cum, hi_mass)) + 1 or lo > len(ids):
+        return "open"
+    m = _keep(vals[:lo], replace_top_p(p))  # min-p on top
+    return ids[:m], vals[:m]
 
 
 def _threshold(logits: np.ndarray, want: int):
@@ -157,13 +199,14 @@ _buffers: dict[int, np.ndarray] = {}
 
 
 def _normaliser(logits: np.ndarray, top: float) -> float:
-    """sum(exp(logits - top)) in one pass through a reused buffer (fresh 1 MB arrays cost page faults)."""
+    """sum(exp(logits - top)) in float64 (each term the book's own), in one pass through a reused buffer
+    (fresh 1-2 MB arrays cost page faults)."""
     buf = _buffers.get(logits.shape[0])
     if buf is None:
-        buf = _buffers[logits.shape[0]] = np.empty(logits.shape[0], np.float32)
-    np.subtract(logits, np.float32(top), out=buf)
+        buf = _buffers[logits.shape[0]] = np.empty(logits.shape[0], np.float64)
+    np.subtract(logits, top, out=buf, dtype=np.float64)
     np.exp(buf, out=buf)
-    return float(buf.sum(dtype=np.float64))
+    return float(buf.sum())
 
 
 def _prefix(logits: np.ndarray, cand: np.ndarray, top: float, count: int = 0, mass: float = 0.0):
@@ -198,26 +241,23 @@ def _sorted(logits: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray
 def sample_unfiltered(logits: np.ndarray, temperature: float, u: float, window: int = WINDOW) -> tuple[int, str]:
     """The token at ``u`` of the whole tempered distribution (no top-k/top-p/min-p), and how it was found.
 
-    Inverse-CDF in sorted order over a window of about ``window`` tokens when the
+    Inverse CDF in sorted order over a window of about ``window`` tokens when the
     tokens below it (each weighing < exp((threshold - top)/T)) cannot move ``u``'s
-    token for any normaliser they allow; else under the exact normaliser, over the whole vocabulary.
+    token for any normaliser they allow (widened by ``Z_SLACK``); else the book's way, over the whole vocabulary.
     """
     n = logits.shape[0]
     thr = _threshold(logits, window)
     if thr is not None:
         ids, vals = _sorted(logits, np.flatnonzero(logits >= thr))
         top = float(vals[0])
-        cum = np.cumsum(np.exp((vals - top) / temperature))
+        cum = np.cumsum(np.exp((vals - top) / temperature))  # the book's cumulative sums, as far as the window goes
         z_lo = float(cum[-1])
         z_hi = z_lo + (n - len(ids)) * math.exp((float(thr) - top) / temperature)
-        lo = int(np.searchsorted(cum, u * z_lo, side="right"))
-        if lo == int(np.searchsorted(cum, u * z_hi, side="right")) and lo < len(ids):
+        lo = int(np.searchsorted(cum, u * z_lo * (1 - Z_SLACK), side="right"))
+        if lo == int(np.searchsorted(cum, u * z_hi * (1 + Z_SLACK), side="right")) and lo < len(ids):
             return int(ids[lo]), "window"
     ids, vals = _sorted(logits, np.arange(n))
-    top = float(vals[0])
-    probs = _tempered(vals, temperature)
-    i = int(np.searchsorted(np.cumsum(probs), u, side="right"))
-    return int(ids[min(i, n - 1)]), "full"
+    return int(ids[_draw(vals, temperature, u)]), "full"
 
 
 def replace_top_p(p: SamplingParams) -> SamplingParams:
@@ -251,7 +291,6 @@ class Sampler:
             tok, how = sample_unfiltered(logits, p.temperature, u)
         else:
             ids, vals, how = kept_set(logits, p)
-            i = int(np.searchsorted(np.cumsum(_tempered(vals, p.temperature)), u, side="right"))
-            tok = int(ids[min(i, len(ids) - 1)])
+            tok = int(ids[_draw(vals, p.temperature, u)])
         self.paths[how] = self.paths.get(how, 0) + 1
         return tok

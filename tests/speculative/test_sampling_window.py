@@ -21,6 +21,7 @@ from localflash.speculative.sampling import (
     SamplingParams,
     kept_set,
     reference_distribution,
+    reference_sample,
     sample_unfiltered,
 )
 
@@ -90,15 +91,72 @@ def test_exact_normaliser_settles_a_cut_the_bounds_leave_open():
     assert np.array_equal(ids, reference_distribution(row, p)[0])
 
 
+def _boundary_row() -> np.ndarray:
+    """10 tokens at the top, a long tail 8-9 nats below: the tail decides the normaliser."""
+    row = np.random.default_rng(3).uniform(-9, -8, 20000).astype(np.float32)
+    row[:10] = 0.0
+    return row
+
+
+def _book_cumsum(row: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    vals = np.sort(row.astype(np.float64))[::-1]
+    return np.cumsum(np.exp((vals - vals[0]) / temperature))
+
+
+def test_a_top_p_cut_within_rounding_of_a_boundary_is_the_books():
+    """top_p * Z lands 1e-13 (relative) either side of the 7th token's cumulative weight.
+
+    A normaliser off by float32 rounding (~1e-9 relative here) keeps 7 tokens on both sides; the
+    book keeps 7 below the boundary and 8 above it, and so must the fast path.
+    """
+    row = _boundary_row()
+    z = _book_cumsum(row)[-1]
+    kept = {}
+    for side in (-1, 1):
+        p = SamplingParams(1.0, 0, 7 / z * (1 + side * 1e-13))
+        ids, _, _ = kept_set(row, p)
+        ref = reference_distribution(row, p)[0]
+        assert np.array_equal(ids, ref), (side, len(ids), len(ref))
+        kept[side] = len(ids)
+    assert kept == {-1: 7, 1: 8}  # the row does sit on the boundary
+
+
+def test_a_draw_within_rounding_of_a_boundary_is_the_books():
+    """u * Z lands 1e-13 (relative) either side of a cumulative weight, in the window and in the tail."""
+    row = _boundary_row()
+    for t in (1.0, 0.7):
+        cum = _book_cumsum(row, t)
+        for i in (3, 9, 500):  # inside the 10 tied tokens, at their end, in the tail
+            for side in (-1, 1):
+                u = cum[i] / cum[-1] * (1 + side * 1e-13)
+                tok, _ = sample_unfiltered(row, t, u)
+                assert tok == reference_sample(row, SamplingParams(t, 0, 1.0), u), (t, i, side)
+    cum = _book_cumsum(np.sort(row)[-40:], 0.7)  # the sampler over a top-k set: its own cumulative weights
+    for i in (3, 9, 30):
+        for side in (-1, 1):
+            u = cum[i] / cum[-1] * (1 + side * 1e-13)
+            s = Sampler(SamplingParams(0.7, 40, 1.0))
+            s.rng = _Fixed(u)
+            assert s(row) == reference_sample(row, SamplingParams(0.7, 40, 1.0), u), (i, side)
+
+
+class _Fixed:
+    """A generator that always draws ``u``."""
+
+    def __init__(self, u: float):
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
 def test_unfiltered_sampling_is_the_reference_inverse_cdf():
     rng = np.random.default_rng(2)
     for row in rows(3000, seed=4):
         for t in (0.4, 1.0, 2.0):
-            ids, probs = reference_distribution(row, SamplingParams(t, 0, 1.0, 0.0))
-            cum = np.cumsum(probs)
             for u in rng.random(40):
                 tok, _ = sample_unfiltered(row, t, u)
-                assert tok == ids[min(int(np.searchsorted(cum, u, side="right")), len(ids) - 1)]
+                assert tok == reference_sample(row, SamplingParams(t, 0, 1.0, 0.0), u)
 
 
 def test_sampler_draws_one_uniform_per_row_and_greedy_is_argmax():
