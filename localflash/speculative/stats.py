@@ -29,7 +29,8 @@ class Stats:
     pos_tries: list[int] = field(default_factory=list)  # [j] = drafts offered at block position j
     pos_hits: list[int] = field(default_factory=list)
     t_prefill: float = 0.0
-    t_decode: float = 0.0  # wall time of the decode phase
+    t_calibrate: float = 0.0  # the adaptive draft length's one-off timing passes (an engine's first request), between prefill and decode
+    t_decode: float = 0.0  # wall time of the decode phase (calibration excluded)
     t_target: float = 0.0  # target verify/decode passes
     t_draft: float = 0.0  # drafter proposals and feature injection
     stop: str = ""  # one of STOP_REASONS
@@ -79,7 +80,7 @@ class Stats:
         for name in ("prompt_tokens", "cached_tokens", "generated", "committed", "cycles", "drafted", "accepted",
                      "snapshot_rollbacks", "checkpoint_restores"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("t_prefill", "t_decode", "t_target", "t_draft"):
+        for name in ("t_prefill", "t_calibrate", "t_decode", "t_target", "t_draft"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("accept_hist", "pos_tries", "pos_hits"):
             mine, theirs = getattr(self, name), getattr(other, name)
@@ -96,6 +97,7 @@ class Stats:
             acceptance=self.acceptance,
             decode_tps=self.decode_tps,
             prefill_tps=self.prefill_tps,
+            calibrate_ms=1000 * self.t_calibrate,
             t_host=self.t_host,
             host_ms_per_cycle=1000 * self.t_host / self.cycles if self.cycles else 0.0,
             host_share=self.t_host / self.t_decode if self.t_decode > 0 else 0.0,
@@ -110,6 +112,8 @@ class Stats:
         )
         if self.drafter != "none":
             line += f" | {self.drafter}: τ {self.tau:.2f}, accepted {self.accepted}/{self.drafted} ({100 * self.acceptance:.0f}%)"
+        if self.t_calibrate:
+            line += f" | calibration {1000 * self.t_calibrate:.0f} ms (once per engine)"
         if self.rollback in ("snapshot", "replay"):
             line += f" | rollback {self.rollback}: {self.snapshot_rollbacks} snapshot, {self.checkpoint_restores} restore"
         return line

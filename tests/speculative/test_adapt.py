@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from localflash.speculative.adapt import MARGIN, PROBE_EVERY, PROBE_MAX, DraftPolicy
 
 
@@ -86,14 +88,74 @@ def test_drafting_off_is_explained_with_the_measured_costs():
     assert DraftPolicy(8).off_reason() is None  # nothing measured yet
 
 
-def test_run_says_why_drafting_went_off(lf, tiny_target, tiny_dflash):
-    # a random-weight DFlash drafter: nothing is accepted, and its forward costs more than the tiny target's
-    # The policy reads wall-clock costs: on a loaded machine one preempted plain step can inflate the
-    # plain cost enough that drafting looks break-even at the end of a run. Any of three runs must say why.
-    for _ in range(3):
-        r = lf("run", "-m", tiny_target, "--drafter", tiny_dflash, "-n", "120", "-t", "1", "--raw", "one two three")
-        assert r.returncode == 0, r.stderr
-        why = [ln for ln in r.stderr.splitlines() if ln.startswith("drafting off:")]
-        if why:
-            break
-    assert len(why) == 1 and "one target token and its" in why[0] and "× plain)" in why[0], r.stderr
+class CostModel:
+    """A clock that moves only by modelled costs: every ``Context.decode`` of n rows costs n ms, nothing else costs."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_run_says_why_drafting_went_off(tiny_target, tiny_dflash, monkeypatch):
+    """`run` with a random-weight DFlash drafter (nothing accepted) on measured costs injected, not read off the clock.
+
+    With a verify of k+1 rows costing k+1 plain steps and a 16-row DFlash block costing 16, the policy
+    turns drafting off and `run` prints why, with these numbers, on every run.
+    """
+    from typer.testing import CliRunner
+
+    from localflash import cli
+    from localflash.llama import Context
+    from localflash.speculative.loop import Engine
+
+    clock = CostModel()
+    real_decode = Context.decode
+
+    def decode(self, tokens, start_pos, outputs="last"):
+        out = real_decode(self, tokens, start_pos, outputs)
+        clock.now += 1e-3 * len(tokens)
+        return out
+
+    monkeypatch.setattr(Context, "decode", decode)
+    monkeypatch.setattr(Engine, "clock", staticmethod(clock))
+    r = CliRunner().invoke(cli.app, ["run", "-m", str(tiny_target), "--drafter", str(tiny_dflash), "-n", "120", "-t", "1",
+                                     "--raw", "one two three"])
+    assert r.exit_code == 0, r.output
+    why = [ln for ln in r.output.splitlines() if ln.startswith("drafting off:")]
+    # 0 of 6 probe drafts accepted: with the prior, 1.30 tokens for a pass that costs 16 + 3 plain steps
+    assert why == ["drafting off: here a 2-token draft costs 16.0× one target token and its 3-token verify 3.0×, for 1.30 "
+                   "tokens a pass (0.07× plain); drafting pays where both are nearly free next to one token, as on a GPU"], r.output
+    assert "accepted 0/6" in r.output and "calibration 104 ms (once per engine)" in r.output
+
+
+def test_calibration_is_reported_apart_from_decode_and_only_once(tiny_target, tiny_dflash, monkeypatch):
+    """The first request pays the draft length's timing passes (Stats.t_calibrate); decode tok/s leaves them out."""
+    from localflash.llama import Context, ContextOptions, Model
+    from localflash.speculative.dflash import DFlashDrafter
+    from localflash.speculative.loop import Engine
+    from localflash.speculative.stats import Stats
+
+    clock = CostModel()
+    real_decode = Context.decode
+
+    def decode(self, tokens, start_pos, outputs="last"):
+        out = real_decode(self, tokens, start_pos, outputs)
+        clock.now += 1e-3 * len(tokens)
+        return out
+
+    monkeypatch.setattr(Context, "decode", decode)
+    target = Model(tiny_target)
+    ctx = Context(target, ContextOptions(n_ctx=512, n_outputs_max=16, n_threads=1))
+    eng = Engine(target, ctx, DFlashDrafter(Model(tiny_dflash), target, ctx, 512 + 16, n_threads=1), adaptive=True)
+    eng.clock = clock
+    first, second = Stats(), Stats()
+    for st in (first, second):
+        list(eng.generate(target.tokenize("one two three"), 24, None, st))
+    eng.close()
+    assert first.t_calibrate == pytest.approx(0.104, abs=1e-9)  # sizes 1, 2, 3, 4, 6, 8, 12, 16, each timed twice: 104 rows of 1 ms
+    assert second.t_calibrate == 0.0 and "calibration" not in second.summary()
+    assert "calibration 104 ms" in first.summary() and first.to_dict()["calibrate_ms"] == pytest.approx(104.0)
+    # what the user waited for: prefill + calibration + decode, each counted once
+    assert first.t_prefill + first.t_calibrate + first.t_decode == pytest.approx(clock.now - second.t_prefill - second.t_decode)
