@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from localflash.testing.tiny import DFlashSpec, HybridSpec, TinySpec, write_dflash, write_hybrid, write_target
+from localflash.formats.dflash_gguf import DFlashSpec
+from localflash.testing.tiny import HybridSpec, TinySpec, write_dflash, write_hybrid, write_target
 
 
 @pytest.fixture(scope="session")

@@ -33,7 +33,8 @@ import numpy as np
 from localflash.llama import Context, ContextOptions, Model
 from localflash.engine import make_drafter
 from localflash.speculative.loop import Engine
-from localflash.testing.tiny import DFlash2Spec, Eagle3Spec, TinySpec, write_dflash2, write_eagle3, write_target
+from localflash.formats.dflash_gguf import DFlash2Spec
+from localflash.testing.tiny import Eagle3Spec, TinySpec, write_dflash2, write_eagle3, write_target
 
 WORDS = "the river a garden of quiet stone light and paper over nine silver hills where we".split()
 N_CTX = 1024

@@ -20,8 +20,9 @@ Reduced-vocabulary drafters carry their own ``lm_head`` and a ``d2t`` map;
 HF (speculators) stores ``d2t`` as offsets (target = draft + d2t[draft]),
 GGUF as absolute target ids.
 
-Safetensors are read and written here with NumPy (bf16 included), so
-conversion needs neither torch nor transformers.
+The GGUF side is :mod:`localflash.formats.dflash_gguf`; safetensors are read
+and written with NumPy (:mod:`localflash.formats.safetensors`), so conversion
+needs neither torch nor transformers.
 """
 
 from __future__ import annotations
@@ -35,7 +36,20 @@ from pathlib import Path
 import numpy as np
 
 from localflash.errors import LocalflashError
-from localflash.testing.tiny import DFlash2Spec, DFlashSpec, LazyTensor, write_dflash_gguf
+from localflash.formats.dflash_gguf import (
+    DFLASH2_KEYS,
+    DFlash2Spec,
+    DFlashSpec,
+    DrafterInfo,
+    LazyTensor,
+    check_against_target,
+    read_dflash_gguf,
+    read_target,
+    write_dflash_gguf,
+)
+from localflash.formats.safetensors import SafetensorsFile, write_safetensors
+
+
 
 QUANTS = ("Q4_K_M", "Q8_0", "F16", "F32")
 HF_DTYPES = ("bf16", "f16", "f32")
@@ -72,7 +86,6 @@ _LAYER_DFLASH2 = {
     "mlp_conv.base_kernel": "ffn_conv_base",
     "mlp_conv.kernel_projection.weight": "ffn_conv_proj.weight",
 }
-DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 _TOP.update(_TOP_DFLASH2)
 _LAYER.update(_LAYER_DFLASH2)
 _GGUF_TOP = {v: k for k, v in _TOP.items()}
@@ -125,87 +138,6 @@ def gguf_to_hf_name(name: str) -> str:
     if m and m.group(2) in _GGUF_LAYER:
         return f"layers.{m.group(1)}.{_GGUF_LAYER[m.group(2)]}"
     raise LocalflashError(f"unexpected tensor {name!r} in the GGUF drafter", hint="--to-hf handles DFlash and DFlash2 drafters")
-
-
-# -- safetensors, NumPy only --------------------------------------------------------------
-_ST_DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
-    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
-}
-
-
-class SafetensorsFile:
-    """One ``.safetensors`` file, memory-mapped; tensors come out as NumPy (bf16 -> float32)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        try:
-            with path.open("rb") as f:
-                n = int.from_bytes(f.read(8), "little")
-                if not 0 < n < 100_000_000:
-                    raise ValueError("bad header length")
-                header = json.loads(f.read(n))
-        except (OSError, ValueError) as e:
-            raise LocalflashError(f"{path.name} is not a readable safetensors file ({e})") from e
-        header.pop("__metadata__", None)
-        self.header = header
-        self.base = 8 + n
-        self._map = np.memmap(path, dtype=np.uint8, mode="r")
-
-    def keys(self) -> list[str]:
-        return list(self.header)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.header[name]["shape"])
-
-    def dtype(self, name: str) -> str:
-        return self.header[name]["dtype"]
-
-    def get(self, name: str) -> np.ndarray:
-        info = self.header[name]
-        if info["dtype"] not in _ST_DTYPES:
-            raise LocalflashError(f"{self.path.name}: tensor {name} has unsupported dtype {info['dtype']}")
-        b, e = info["data_offsets"]
-        raw = self._map[self.base + b : self.base + e]
-        arr = raw.view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
-        if info["dtype"] == "BF16":
-            arr = (arr.astype(np.uint32) << 16).view(np.float32)
-        return arr
-
-
-def to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns (uint16), rounding to nearest even."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    bias = 0x7FFF + ((u >> 16) & 1)
-    return ((u + bias) >> 16).astype(np.uint16)
-
-
-def write_safetensors(path: Path, tensors: dict[str, np.ndarray], float_dtype: str = "bf16", metadata: dict | None = None) -> None:
-    """Write ``tensors`` (floats converted to ``float_dtype``; ints and bools kept) as one safetensors file."""
-    names = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
-    header: dict = {"__metadata__": {"format": "pt", **(metadata or {})}}
-    blobs = []
-    off = 0
-    for name, arr in tensors.items():
-        arr = np.asarray(arr)
-        if arr.dtype.kind == "f":
-            if float_dtype == "bf16":
-                data, dt = to_bf16_bits(arr), "BF16"
-            else:
-                data, dt = np.ascontiguousarray(arr, dtype=np.float16 if float_dtype == "f16" else np.float32), names[float_dtype]
-        else:
-            dt = {np.dtype(v): k for k, v in _ST_DTYPES.items() if k != "BF16"}[arr.dtype]
-            data = np.ascontiguousarray(arr)
-        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + data.nbytes]}
-        blobs.append(data)
-        off += data.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with path.open("wb") as f:
-        f.write(len(raw).to_bytes(8, "little"))
-        f.write(raw)
-        for data in blobs:
-            f.write(data.tobytes())
 
 
 @dataclass
@@ -281,16 +213,6 @@ def check_is_dflash(config: dict, where: Path | str) -> None:
 
 
 # -- config <-> spec --------------------------------------------------------------------------
-@dataclass
-class DrafterInfo:
-    """What a drafter needs from outside its tensors (target shape, vocabulary)."""
-
-    spec: DFlashSpec
-    vocab_size: int
-    n_target_layers: int | None
-    draft_vocab_size: int | None = None  # set when the drafter ships its own (reduced) head
-
-
 def spec_from_hf(config: dict, ckpt: Checkpoint | None = None) -> DrafterInfo:
     """A :class:`DFlashSpec` (llama.cpp conventions) from an HF drafter config."""
     c = {**config, **(config.get("text_config") or {})}
@@ -406,74 +328,6 @@ def hf_config(info: DrafterInfo) -> dict:
     if info.draft_vocab_size:
         cfg["draft_vocab_size"] = info.draft_vocab_size
     return cfg
-
-
-# -- the target ---------------------------------------------------------------------------------
-@dataclass
-class TargetInfo:
-    path: Path
-    arch: str
-    n_layer: int
-    n_embd: int
-    n_vocab: int
-
-
-def read_target(path: str | Path) -> TargetInfo:
-    from gguf import GGUFReader
-
-    from localflash.llama.runtime import check_gguf
-
-    p = check_gguf(path)
-    try:
-        r = GGUFReader(str(p))
-    except Exception as e:  # a truncated or foreign file
-        raise LocalflashError(f"could not read {p.name} as GGUF ({e})") from e
-
-    def val(key, default=None):
-        f = r.fields.get(key)
-        return f.contents() if f is not None else default
-
-    arch = val("general.architecture", "?")
-    n_layer = val(f"{arch}.block_count")
-    n_embd = val(f"{arch}.embedding_length")
-    tokens = r.fields.get("tokenizer.ggml.tokens")
-    if n_layer is None or n_embd is None or tokens is None:
-        raise LocalflashError(f"{p.name} lacks {arch}.block_count, embedding_length or a tokenizer", hint="--target must be the target model's GGUF")
-    if arch == "dflash":
-        raise LocalflashError(f"{p.name} is itself a DFlash drafter", hint="--target is the model the drafter speeds up")
-    return TargetInfo(p, arch, int(n_layer), int(n_embd), len(tokens.data))
-
-
-def check_against_target(info: DrafterInfo, target: TargetInfo, fc_in: int | None = None) -> None:
-    """Fail with one line when the drafter cannot serve ``target``."""
-    from localflash.archs import LAYER_INPUT_ARCHS
-
-    s = info.spec
-    name = target.path.name
-    if target.arch not in LAYER_INPUT_ARCHS:
-        raise LocalflashError(f"target arch {target.arch!r} cannot export layer inputs, which DFlash needs")
-    if s.n_embd != target.n_embd:
-        raise LocalflashError(f"drafter hidden size {s.n_embd} differs from {name}'s {target.n_embd}", hint="this drafter was made for another target")
-    if fc_in is not None and fc_in != len(s.target_layers) * target.n_embd:
-        raise LocalflashError(
-            f"fc takes {fc_in} features but {len(s.target_layers)} taps of {name} give {len(s.target_layers) * target.n_embd}",
-            hint="this drafter was made for another target",
-        )
-    if info.n_target_layers is not None and info.n_target_layers != target.n_layer:
-        raise LocalflashError(
-            f"drafter was trained on a {info.n_target_layers}-layer target but {name} has {target.n_layer} layers",
-            hint="this drafter was made for another target",
-        )
-    deepest = max(s.target_layers)
-    if deepest >= target.n_layer or min(s.target_layers) < 1:
-        raise LocalflashError(
-            f"drafter taps target layer {deepest - 1} (layer input {deepest}) but {name} has {target.n_layer} layers",
-            hint="this drafter was made for a deeper target",
-        )
-    if info.vocab_size and info.vocab_size != target.n_vocab:
-        raise LocalflashError(f"drafter vocabulary ({info.vocab_size}) differs from {name}'s ({target.n_vocab})", hint="this drafter was made for another target")
-    if not 0 <= s.mask_token_id < target.n_vocab:
-        raise LocalflashError(f"mask token {s.mask_token_id} is outside {name}'s vocabulary of {target.n_vocab}")
 
 
 # -- HF -> GGUF ---------------------------------------------------------------------------------
@@ -625,80 +479,7 @@ def _d2t_loader(ckpt: Checkpoint, hf_name: str, n_vocab: int, draft_vocab: int |
     return load
 
 
-# -- GGUF -> HF / NumPy ---------------------------------------------------------------------------
-def read_dflash_gguf(path: str | Path) -> tuple[DrafterInfo, dict[str, np.ndarray]]:
-    """Spec and tensors (float32, dequantized; ``d2t`` as int64 target ids) of a ``dflash`` GGUF."""
-    from gguf import GGMLQuantizationType, GGUFReader
-    from gguf.quants import dequantize
-
-    from localflash.llama.runtime import check_gguf
-
-    p = check_gguf(path)
-    r = GGUFReader(str(p))
-
-    def val(key, default=None):
-        f = r.fields.get(key)
-        v = f.contents() if f is not None else default
-        return float(f"{v:.7g}") if isinstance(v, float) else v  # float32 keys: drop the binary tail
-
-    arch = val("general.architecture")
-    if arch != "dflash":
-        raise LocalflashError(f"{p.name} is a {arch!r} model, not a DFlash drafter")
-    a = "dflash"
-    n_layer = int(val(f"{a}.block_count"))
-    pattern = val(f"{a}.attention.sliding_window_pattern")
-    window = int(val(f"{a}.attention.sliding_window", 0) or 0)
-    scaling = None
-    if (kind := val(f"{a}.rope.scaling.type")) in ("linear", "yarn"):
-        scaling = {"rope_type": kind, "factor": float(val(f"{a}.rope.scaling.factor"))}
-        if kind == "yarn":
-            scaling["original_max_position_embeddings"] = int(val(f"{a}.rope.scaling.original_context_length"))
-            for hf_key, g in (("extrapolation_factor", "yarn_ext_factor"), ("attention_factor", "yarn_attn_factor"),
-                              ("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")):
-                if (v := val(f"{a}.rope.scaling.{g}")) is not None:
-                    scaling[hf_key] = float(v)
-    n_embd = int(val(f"{a}.embedding_length"))
-    n_head = int(val(f"{a}.attention.head_count"))
-    head_dim = int(val(f"{a}.attention.key_length", n_embd // n_head))
-    causal = val(f"{a}.attention.causal")
-    dflash2 = {k: int(val(f"{a}.{k}")) for k in DFLASH2_KEYS if val(f"{a}.{k}") is not None}
-    spec = (DFlash2Spec if dflash2 else DFlashSpec)(
-        **dflash2,
-        n_embd=n_embd,
-        n_layer=n_layer,
-        n_head=n_head,
-        n_head_kv=int(val(f"{a}.attention.head_count_kv", n_head)),
-        n_ff=int(val(f"{a}.feed_forward_length")),
-        target_layers=[int(x) for x in val(f"{a}.target_layers", [])],
-        block_size=int(val(f"{a}.block_size", 16)),
-        mask_token_id=int(val("tokenizer.ggml.mask_token_id", -1)),
-        rope_theta=float(val(f"{a}.rope.freq_base", 10000.0)),
-        swa_window=window,
-        swa_layers=[bool(x) for x in pattern] if window and pattern is not None else None,
-        n_ctx_train=int(val(f"{a}.context_length", 4096)),
-        rms_eps=float(val(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
-        causal=None if causal is None else bool(causal),
-        key_length=head_dim if head_dim != n_embd // n_head else None,
-        rope_scaling=scaling,
-        embedding_scale=float(val(f"{a}.embedding_scale", 0.0) or 0.0),
-    )
-    tensors: dict[str, np.ndarray] = {}
-    for t in r.tensors:
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.I64, GGMLQuantizationType.I32):
-            arr = np.asarray(t.data).reshape(shape)
-            arr = arr.astype(np.int64) if arr.dtype.kind in "iu" else arr.astype(np.float32)
-        else:
-            arr = dequantize(np.asarray(t.data), t.tensor_type).reshape(shape).astype(np.float32)
-        tensors[t.name] = arr
-    tokens = r.fields.get("tokenizer.ggml.tokens")
-    n_vocab = len(tokens.data) if tokens is not None else 0
-    n_target = val("dflash.n_target_layers")
-    d2t = tensors.get("d2t")
-    info = DrafterInfo(spec, n_vocab, None if n_target is None else int(n_target), int(d2t.size) if d2t is not None else None)
-    return info, tensors
-
-
+# -- GGUF -> HF ---------------------------------------------------------------------------
 def gguf_to_hf(path: str | Path, out_dir: str | Path, dtype: str = "bf16", on_stage: Callable[[str], None] | None = None) -> Path:
     """Write a ``dflash`` GGUF as an HF checkpoint (config.json + model.safetensors)."""
     if dtype not in HF_DTYPES:
@@ -727,45 +508,3 @@ def gguf_to_hf(path: str | Path, out_dir: str | Path, dtype: str = "bf16", on_st
     cfg["torch_dtype"] = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[dtype]
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
     return out
-
-
-def convert_command(src: str, out: str, target: str | None, quant: str, to_hf: bool, dtype: str) -> Path:
-    """``localflash convert-drafter``: progress on stderr, the written path on stdout."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    con = Console(stderr=True)
-    if to_hf:
-        src_p = Path(src).expanduser()
-        if src_p.is_dir():
-            raise LocalflashError(f"--to-hf reads a dflash GGUF file, but {src_p} is a folder")
-        if target:
-            info, _ = read_dflash_gguf(src_p)
-            check_against_target(info, read_target(target))
-        with con.status("reading GGUF") as status:
-            dest = gguf_to_hf(src_p, out, dtype, on_stage=status.update)
-        con.print(f"wrote {dest}/config.json and model.safetensors ({dtype})")
-        print(dest)
-        return dest
-    if not target:
-        raise LocalflashError("--target is required", hint="the drafter's target GGUF: its tokenizer is copied and its shape checked")
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), console=con, transient=True) as prog:
-        task = prog.add_task("tensors", total=None)
-
-        def on_tensor(name: str, k: int, total: int) -> None:
-            prog.update(task, total=total, completed=k + 1, description=f"tensors ({name})")
-
-        def on_stage(msg: str) -> None:
-            prog.update(task, description=msg)
-
-        dest = hf_to_gguf(src, out, target, quant, on_tensor=on_tensor, on_stage=on_stage)
-    info = spec_from_hf(read_checkpoint(src).config)
-    s = info.spec
-    con.print(f"wrote {dest} ({dest.stat().st_size / 1e6:.1f} MB, {quant.upper()}): {s.n_layer} layers, block {s.block_size}, "
-              f"mask token {s.mask_token_id}, taps {[i - 1 for i in s.target_layers]} -> layer inputs {s.target_layers}"
-              + (f", sliding window {s.swa_window}" if s.swa_window else ""))
-    if s.swa_window and s.causal is None:
-        con.print("[yellow]note[/]: llama.cpp runs every layer bidirectionally inside the block; this checkpoint's sliding "
-                  "layers were trained causal there, so acceptance may be a little lower than in vLLM/SGLang")
-    print(dest)
-    return dest

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from localflash.archs import HYBRID_ARCHS, KNOWN_ARCHS, SWA_PATTERNS
 from localflash.errors import LocalflashError

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localflash.errors import LocalflashError
 from localflash.archs import base_kind
+from localflash.errors import LocalflashError
+from localflash.formats.gguf_meta import read_meta
 from localflash.registry.pairs import Pair
 
 
@@ -35,54 +36,14 @@ def _load(path: Path):
     return Model(path, ModelOptions(n_gpu_layers=0))
 
 
-_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value type -> bytes
-
-
 def tensor_shape(path: Path, name: str) -> tuple[int, ...] | None:
-    """Shape (ggml order, ne0 first) of one tensor, read from the GGUF header alone.
-
-    Skips the metadata without decoding it, so it stays fast on files whose
-    tokenizer holds hundreds of thousands of strings.
-    """
-    import mmap
-    import struct
-
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        if m[:4] != b"GGUF":
-            return None
-        n_tensors, n_kv = struct.unpack_from("<QQ", m, 8)
-        off = 24
-
-        def skip_value(t: int, off: int) -> int:
-            if t == 8:  # string
-                (n,) = struct.unpack_from("<Q", m, off)
-                return off + 8 + n
-            if t == 9:  # array
-                et, count = struct.unpack_from("<IQ", m, off)
-                off += 12
-                if et in _SCALAR:
-                    return off + count * _SCALAR[et]
-                for _ in range(count):
-                    off = skip_value(et, off)
-                return off
-            return off + _SCALAR[t]
-
-        for _ in range(n_kv):
-            (klen,) = struct.unpack_from("<Q", m, off)
-            off += 8 + klen
-            (vtype,) = struct.unpack_from("<I", m, off)
-            off = skip_value(vtype, off + 4)
-        want = name.encode()
-        for _ in range(n_tensors):
-            (nlen,) = struct.unpack_from("<Q", m, off)
-            tname = m[off + 8 : off + 8 + nlen]
-            off += 8 + nlen
-            (n_dims,) = struct.unpack_from("<I", m, off)
-            dims = struct.unpack_from(f"<{n_dims}Q", m, off + 4)
-            off += 4 + 8 * n_dims + 4 + 8  # dims, type, offset
-            if tname == want:
-                return tuple(int(d) for d in dims)
-    return None
+    """Shape (ggml order, ne0 first) of one tensor, from the GGUF header alone; None when the file has none
+    (or its header does not parse)."""
+    try:
+        tensors = read_meta(path).tensors
+    except LocalflashError:
+        return None
+    return next((t.shape for t in tensors if t.name == name), None)
 
 
 def _fc_input_width(path: Path) -> int | None:

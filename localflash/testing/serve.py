@@ -15,7 +15,8 @@ import httpx
 
 def tiny_models(folder: Path) -> tuple[Path, Path]:
     """The test suite's tiny target (4-layer llama, ChatML) and a DFlash drafter for it."""
-    from localflash.testing.tiny import DFlashSpec, TinySpec, write_dflash, write_target
+    from localflash.formats.dflash_gguf import DFlashSpec
+    from localflash.testing.tiny import TinySpec, write_dflash, write_target
 
     target = folder / "target.gguf"
     drafter = folder / "dflash.gguf"

@@ -23,7 +23,9 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter, GGMLQuantizationType as Q, LlamaFileType, TokenType
 
+from localflash.formats.dflash_gguf import DFLASH2_KEYS
 from localflash.formats.gguf_meta import tensor_bytes
+from localflash.formats.gguf_write import add_decoder_keys, add_expert_keys, add_ssm_keys
 
 
 @dataclass(frozen=True)
@@ -293,38 +295,22 @@ def _add_keys(w: GGUFWriter, spec: ModelSpec, ftype: str) -> None:
     a = spec.arch
     w.add_name(f"{spec.name} (shaped, no weights)")
     w.add_file_type(int(FTYPES[ftype]))
-    w.add_context_length(spec.n_ctx_train)
-    w.add_embedding_length(spec.n_embd)
-    w.add_block_count(spec.n_layer + spec.n_nextn)
-    if spec.n_nextn:
-        w.add_uint32(f"{a}.nextn_predict_layers", spec.n_nextn)
-    w.add_feed_forward_length(spec.n_ff)
-    w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_head_kv)
-    w.add_key_length(spec.head_dim)
-    w.add_value_length(spec.head_dim)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(spec.rope_theta)
-    w.add_vocab_size(spec.n_vocab)
+    add_decoder_keys(w, n_ctx_train=spec.n_ctx_train, n_embd=spec.n_embd, n_block=spec.n_layer + spec.n_nextn,
+                     n_ff=spec.n_ff, n_head=spec.n_head, n_head_kv=spec.n_head_kv, rms_eps=1e-6, head_dim=spec.head_dim,
+                     rope_theta=spec.rope_theta, n_vocab=spec.n_vocab, n_nextn=spec.n_nextn)
     if spec.full_attention_interval:
-        w.add_uint32(f"{a}.full_attention_interval", spec.full_attention_interval)
-        w.add_uint32(f"{a}.ssm.conv_kernel", spec.conv_kernel)
-        w.add_uint32(f"{a}.ssm.state_size", spec.linear_head_dim)
-        w.add_uint32(f"{a}.ssm.group_count", spec.linear_k_heads)
-        w.add_uint32(f"{a}.ssm.time_step_rank", spec.linear_v_heads)
-        w.add_uint32(f"{a}.ssm.inner_size", spec.linear_head_dim * spec.linear_v_heads)
-        w.add_uint32(f"{a}.rope.dimension_count", spec.head_dim // 4)
+        add_ssm_keys(w, full_attention_interval=spec.full_attention_interval, conv_kernel=spec.conv_kernel,
+                     head_dim=spec.linear_head_dim, k_heads=spec.linear_k_heads, v_heads=spec.linear_v_heads)
+        w.add_rope_dimension_count(spec.head_dim // 4)
         w.add_array(f"{a}.rope.dimension_sections", [11, 11, 10, 0])
     if spec.n_expert:
-        w.add_uint32(f"{a}.expert_count", spec.n_expert)
-        w.add_uint32(f"{a}.expert_used_count", spec.n_expert_used)
-        w.add_uint32(f"{a}.expert_feed_forward_length", spec.n_ff_exp)
+        add_expert_keys(w, n_expert=spec.n_expert, n_expert_used=spec.n_expert_used, n_ff_exp=spec.n_ff_exp)
     if spec.target_layers:
         w.add_array(f"{a}.target_layers", list(spec.target_layers))
         if a == "dflash":
             w.add_uint32(f"{a}.block_size", spec.block_size)
     if spec.selector_top_k:
-        for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+        for key in DFLASH2_KEYS:
             w.add_uint32(f"{a}.{key}", getattr(spec, key))
     if spec.target_hidden_size:
         w.add_uint32(f"{a}.target_hidden_size", spec.target_hidden_size)

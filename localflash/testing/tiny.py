@@ -6,21 +6,24 @@ by seed; a drafter made from the target's seed plus Gaussian ``noise`` agrees
 with the target more or less often (0 noise: always, 0.6: rarely).
 
 Architectures: ``llama`` and ``qwen3`` targets (both export layer inputs, so
-DFlash can tap them) and ``dflash`` drafters whose tensors and keys follow
-``src/models/dflash.cpp`` of the vendored llama.cpp; ``qwen35`` and
-``qwen3next`` hybrids (Gated-DeltaNet + full attention, optionally with an
-MTP "nextn" block) by :func:`write_hybrid`.
+DFlash can tap them); ``dflash`` and DFlash2 drafters in the real file format
+(:mod:`localflash.formats.dflash_gguf`) with random weights; ``eagle3``
+drafters (``src/models/eagle3.cpp``); ``qwen35`` and ``qwen3next`` hybrids
+(Gated-DeltaNet + full attention, optionally with an MTP "nextn" block) by
+:func:`write_hybrid`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFWriter
+
+from localflash.formats.dflash_gguf import DFlash2Spec, DFlashSpec, write_dflash_gguf
+from localflash.formats.gguf_write import add_decoder_keys, add_expert_keys, add_ssm_keys, copy_tokenizer
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -29,8 +32,6 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-MASK_TOKEN_ID = 31999
-F32_ONLY = ("_conv_base",)  # DFlash2 convolution bases: added to F32 activations, never halved or quantized  # a rare piece of the SPM vocab stands in for <|MASK|>
 _NOISE_SEED = 12345
 
 
@@ -38,8 +39,20 @@ def vocab_path() -> Path:
     return Path(str(resources.files("localflash") / "data" / "ggml-vocab-llama-spm.gguf"))
 
 
+class _Widths:
+    """``head_dim`` and ``ff`` of a spec with ``n_embd``, ``n_head`` and an optional ``n_ff``."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def ff(self) -> int:
+        return self.n_ff or 4 * self.n_embd
+
+
 @dataclass
-class TinySpec:
+class TinySpec(_Widths):
     """Shape of a tiny decoder. ``arch`` is ``llama`` or ``qwen3``."""
 
     arch: str = "llama"
@@ -53,89 +66,6 @@ class TinySpec:
     noise: float = 0.0
     rename_tokens: bool = False  # write a vocab whose token strings differ (incompatible pair)
     layer_scale: float = 0.02  # std of the layer matrices; larger makes each layer change the residual more
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    @property
-    def ff(self) -> int:
-        return self.n_ff or 4 * self.n_embd
-
-
-@dataclass
-class DFlashSpec:
-    """A tiny DFlash drafter for a target of width ``n_embd``.
-
-    ``target_layers`` are in llama.cpp's layer-input convention (HF id + 1).
-    ``swa_layers`` marks sliding-window layers (causal + window).
-    """
-
-    n_embd: int = 64
-    n_layer: int = 2
-    n_head: int = 4
-    n_head_kv: int = 2
-    n_ff: int | None = None
-    target_layers: list[int] = field(default_factory=lambda: [1, 2])
-    block_size: int = 16
-    mask_token_id: int = MASK_TOKEN_ID
-    rope_theta: float = 10000.0
-    swa_window: int = 0
-    swa_layers: list[bool] | None = None
-    seed: int = 1
-    n_ctx_train: int = 4096
-    rms_eps: float = 1e-6
-    causal: bool | None = None  # written as dflash.attention.causal when set (llama.cpp: one flag for all layers)
-    key_length: int | None = None  # head_dim when it is not n_embd // n_head
-    rope_scaling: dict | None = None  # HF rope_scaling ("linear" or "yarn"), written as rope.scaling.* keys
-    embedding_scale: float = 0.0  # > 0: the block's token embeddings are multiplied by it (dflash.embedding_scale)
-
-    @property
-    def head_dim(self) -> int:
-        return self.key_length or self.n_embd // self.n_head
-
-    @property
-    def ff(self) -> int:
-        return self.n_ff or 4 * self.n_embd
-
-
-@dataclass
-class LazyTensor:
-    """A tensor known by shape, loaded only when written (``integer``: int64, e.g. ``d2t``)."""
-
-    shape: tuple[int, ...]
-    load: Callable[[], np.ndarray]
-    integer: bool = False
-
-
-def copy_tokenizer(writer: GGUFWriter, source: str | Path, rename_tokens: bool = False, skip: tuple[str, ...] = ()) -> int:
-    """Copy every ``tokenizer.*`` key of ``source`` (except ``skip``) into ``writer``; return the vocab size."""
-    reader = GGUFReader(str(source))
-    n_vocab = 0
-    for name, fld in reader.fields.items():
-        if not name.startswith("tokenizer.") or name in skip:
-            continue
-        kind = fld.types[0]
-        value = fld.contents()
-        if name == "tokenizer.ggml.tokens":
-            n_vocab = len(value)
-            if rename_tokens:
-                value = [t if i < 3 else f"{t}~" for i, t in enumerate(value)]
-        if kind == GGUFValueType.ARRAY:
-            writer.add_array(name, value)
-        elif kind == GGUFValueType.STRING:
-            writer.add_string(name, value)
-        elif kind == GGUFValueType.BOOL:
-            writer.add_bool(name, value)
-        elif kind == GGUFValueType.UINT32:
-            writer.add_uint32(name, value)
-        elif kind == GGUFValueType.INT32:
-            writer.add_int32(name, value)
-        elif kind == GGUFValueType.FLOAT32:
-            writer.add_float32(name, value)
-        else:
-            raise ValueError(f"unsupported tokenizer field type {kind} for {name}")
-    return n_vocab
 
 
 class _Weights:
@@ -153,218 +83,97 @@ class _Weights:
         return (w * scale).astype(np.float32)
 
 
+def _ones(n: int) -> np.ndarray:
+    return np.ones(n, np.float32)
+
+
+def _attention(rand: _Weights, b: str, spec, s: float, *, d_in: int | None = None, q_mult: int = 1,
+               qk_norm: bool = False) -> dict[str, np.ndarray]:
+    """Q/K/V/output projections of block prefix ``b`` (``q_mult`` 2: the query also yields the output gate)."""
+    d, hd = spec.n_embd, spec.head_dim
+    d_in = d_in or d
+    t = {
+        b + "attn_q.weight": rand((q_mult * spec.n_head * hd, d_in), s),
+        b + "attn_k.weight": rand((spec.n_head_kv * hd, d_in), s),
+        b + "attn_v.weight": rand((spec.n_head_kv * hd, d_in), s),
+        b + "attn_output.weight": rand((d, spec.n_head * hd), s),
+    }
+    if qk_norm:
+        t[b + "attn_q_norm.weight"] = _ones(hd)
+        t[b + "attn_k_norm.weight"] = _ones(hd)
+    return t
+
+
+def _ffn(rand: _Weights, b: str, d: int, ff: int, s: float, suffix: str = "") -> dict[str, np.ndarray]:
+    """A SwiGLU feed-forward (``suffix`` ``_shexp``: the shared expert)."""
+    return {
+        b + f"ffn_gate{suffix}.weight": rand((ff, d), s),
+        b + f"ffn_up{suffix}.weight": rand((ff, d), s),
+        b + f"ffn_down{suffix}.weight": rand((d, ff), s),
+    }
+
+
+def _decoder_block(rand: _Weights, b: str, spec, s: float, qk_norm: bool) -> dict[str, np.ndarray]:
+    """A Llama/Qwen3 block: norm, attention, norm, feed-forward."""
+    d = spec.n_embd
+    return {b + "attn_norm.weight": _ones(d), **_attention(rand, b, spec, s, qk_norm=qk_norm),
+            b + "ffn_norm.weight": _ones(d), **_ffn(rand, b, d, spec.ff, s)}
+
+
+def _finish(w: GGUFWriter, tensors: dict[str, np.ndarray]) -> None:
+    for name, arr in tensors.items():
+        w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_target(path: str | Path, spec: TinySpec | None = None, **kw) -> Path:
     """Write a tiny ``llama`` or ``qwen3`` model with random F32 weights."""
     spec = spec or TinySpec(**kw)
     path = Path(path)
     arch = spec.arch
+    if arch not in ("llama", "qwen3"):
+        raise ValueError(f"tiny targets are llama or qwen3, not {arch}")
+    qwen3 = arch == "qwen3"
     w = GGUFWriter(str(path), arch)
     w.add_name(f"tiny-{arch}-{spec.n_embd}x{spec.n_layer}-s{spec.seed}")
     n_vocab = copy_tokenizer(w, vocab_path(), spec.rename_tokens)
     w.add_string("tokenizer.chat_template", CHATML_TEMPLATE)
-    w.add_context_length(spec.n_ctx_train)
-    w.add_embedding_length(spec.n_embd)
-    w.add_block_count(spec.n_layer)
-    w.add_feed_forward_length(spec.ff)
-    w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_head_kv)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(n_vocab)
+    add_decoder_keys(w, n_ctx_train=spec.n_ctx_train, n_embd=spec.n_embd, n_block=spec.n_layer, n_ff=spec.ff,
+                     n_head=spec.n_head, n_head_kv=spec.n_head_kv, rms_eps=1e-5, head_dim=spec.head_dim if qwen3 else None,
+                     rope_theta=1e6 if qwen3 else None, n_rot=None if qwen3 else spec.head_dim, n_vocab=n_vocab)
     w.add_file_type(0)  # ALL_F32
-    if arch == "llama":
-        w.add_rope_dimension_count(spec.head_dim)
-    elif arch == "qwen3":
-        w.add_key_length(spec.head_dim)
-        w.add_value_length(spec.head_dim)
-        w.add_rope_freq_base(1e6)
-    else:
-        raise ValueError(f"tiny targets are llama or qwen3, not {arch}")
 
     rand = _Weights(spec.seed, spec.noise)
-    d, hd = spec.n_embd, spec.head_dim
-    w.add_tensor("token_embd.weight", rand((n_vocab, d), 1.0))
-    w.add_tensor("output_norm.weight", np.ones(d, np.float32))
-    w.add_tensor("output.weight", rand((n_vocab, d), 0.5))
+    d = spec.n_embd
+    t = {"token_embd.weight": rand((n_vocab, d), 1.0), "output_norm.weight": _ones(d), "output.weight": rand((n_vocab, d), 0.5)}
     for i in range(spec.n_layer):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(d, np.float32))
-        w.add_tensor(f"blk.{i}.attn_q.weight", rand((spec.n_head * hd, d), spec.layer_scale))
-        w.add_tensor(f"blk.{i}.attn_k.weight", rand((spec.n_head_kv * hd, d), spec.layer_scale))
-        w.add_tensor(f"blk.{i}.attn_v.weight", rand((spec.n_head_kv * hd, d), spec.layer_scale))
-        w.add_tensor(f"blk.{i}.attn_output.weight", rand((d, spec.n_head * hd), spec.layer_scale))
-        if arch == "qwen3":
-            w.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(hd, np.float32))
-            w.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(hd, np.float32))
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(d, np.float32))
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", rand((spec.ff, d), spec.layer_scale))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", rand((spec.ff, d), spec.layer_scale))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", rand((d, spec.ff), spec.layer_scale))
-    _finish(w)
+        t.update(_decoder_block(rand, f"blk.{i}.", spec, spec.layer_scale, qk_norm=qwen3))
+    _finish(w, t)
     return path
 
 
 def dflash_tensors(spec: DFlashSpec) -> dict[str, np.ndarray]:
     """Random DFlash drafter weights under their GGUF names (NumPy shapes, row-major)."""
     rand = _Weights(spec.seed, 0.0)
-    d, hd = spec.n_embd, spec.head_dim
+    d = spec.n_embd
     n_feat = len(spec.target_layers) * d
     t: dict[str, np.ndarray] = {
         "fc.weight": rand((d, n_feat), 1.0 / np.sqrt(n_feat)),
-        "enc.output_norm.weight": np.ones(d, np.float32),
-        "output_norm.weight": np.ones(d, np.float32),
+        "enc.output_norm.weight": _ones(d),
+        "output_norm.weight": _ones(d),
     }
     for i in range(spec.n_layer):
-        t[f"blk.{i}.attn_norm.weight"] = np.ones(d, np.float32)
-        t[f"blk.{i}.attn_q.weight"] = rand((spec.n_head * hd, d), 0.1)
-        t[f"blk.{i}.attn_k.weight"] = rand((spec.n_head_kv * hd, d), 0.1)
-        t[f"blk.{i}.attn_v.weight"] = rand((spec.n_head_kv * hd, d), 0.1)
-        t[f"blk.{i}.attn_output.weight"] = rand((d, spec.n_head * hd), 0.1)
-        t[f"blk.{i}.attn_q_norm.weight"] = np.ones(hd, np.float32)
-        t[f"blk.{i}.attn_k_norm.weight"] = np.ones(hd, np.float32)
-        t[f"blk.{i}.ffn_norm.weight"] = np.ones(d, np.float32)
-        t[f"blk.{i}.ffn_gate.weight"] = rand((spec.ff, d), 0.1)
-        t[f"blk.{i}.ffn_up.weight"] = rand((spec.ff, d), 0.1)
-        t[f"blk.{i}.ffn_down.weight"] = rand((d, spec.ff), 0.1)
+        t.update(_decoder_block(rand, f"blk.{i}.", spec, 0.1, qk_norm=True))
     return t
-
-
-def write_dflash_gguf(
-    path: str | Path,
-    spec: DFlashSpec,
-    tensors: dict[str, "np.ndarray | LazyTensor"],
-    tokenizer_from: str | Path | None = None,
-    float_type: str = "F32",
-    name: str | None = None,
-    n_target_layers: int | None = None,
-) -> Path:
-    """Write a ``dflash`` GGUF with the keys llama.cpp's loader reads.
-
-    ``tensors`` maps GGUF names to arrays in NumPy (row-major) shape, or to
-    :class:`LazyTensor` loaders; they are streamed to disk one at a time, so a
-    multi-GB drafter never sits in memory whole. Integer arrays
-    (``d2t``) keep their type, 1-D float arrays are written F32 and matrices
-    as ``float_type`` (``F32`` or ``F16``). ``n_target_layers`` (the target's
-    depth, kept for the reverse conversion) is a localflash key llama.cpp ignores.
-    """
-    if float_type not in ("F32", "F16"):
-        raise ValueError(f"float_type is F32 or F16, not {float_type}")
-    path = Path(path)
-    w = GGUFWriter(str(path), "dflash")
-    w.add_name(name or f"dflash-{spec.n_embd}x{spec.n_layer}")
-    copy_tokenizer(w, tokenizer_from or vocab_path(), skip=("tokenizer.ggml.mask_token_id",))
-    w.add_uint32("tokenizer.ggml.mask_token_id", spec.mask_token_id)
-    w.add_context_length(spec.n_ctx_train)
-    w.add_embedding_length(spec.n_embd)
-    w.add_block_count(spec.n_layer)
-    w.add_feed_forward_length(spec.ff)
-    w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_head_kv)
-    w.add_key_length(spec.head_dim)
-    w.add_value_length(spec.head_dim)
-    w.add_layer_norm_rms_eps(spec.rms_eps)
-    w.add_rope_freq_base(spec.rope_theta)
-    if spec.rope_scaling:
-        _add_rope_scaling(w, spec.rope_scaling)
-    w.add_array("dflash.target_layers", [int(x) for x in spec.target_layers])
-    w.add_uint32("dflash.block_size", spec.block_size)
-    if spec.swa_window:
-        w.add_sliding_window(spec.swa_window)
-        pattern = spec.swa_layers or [True] * spec.n_layer
-        w.add_array("dflash.attention.sliding_window_pattern", [bool(x) for x in pattern])
-    if spec.causal is not None:
-        w.add_causal_attention(bool(spec.causal))
-    if spec.embedding_scale:
-        w.add_float32("dflash.embedding_scale", float(spec.embedding_scale))
-    if n_target_layers is not None:
-        w.add_uint32("dflash.n_target_layers", int(n_target_layers))
-    for key, value in getattr(spec, "dflash2_keys", lambda: {})().items():
-        w.add_uint32(f"dflash.{key}", int(value))
-    w.add_file_type(1 if float_type == "F16" else 0)
-
-    def load(name: str) -> np.ndarray:
-        value = tensors[name]
-        arr = np.asarray(value.load() if isinstance(value, LazyTensor) else value)
-        if arr.dtype.kind in "iu":
-            return np.ascontiguousarray(arr, dtype=np.int64 if isinstance(value, LazyTensor) else arr.dtype)
-        dtype = np.float16 if float_type == "F16" and arr.ndim >= 2 and not name.endswith(F32_ONLY) else np.float32
-        return np.ascontiguousarray(arr, dtype=dtype)
-
-    shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-    for tname, value in tensors.items():
-        if isinstance(value, LazyTensor):
-            shape, kind = tuple(value.shape), (np.dtype(np.int64) if value.integer else None)
-        else:
-            value = np.asarray(value)
-            shape, kind = value.shape, (value.dtype if value.dtype.kind in "iu" else None)
-        half = float_type == "F16" and len(shape) >= 2 and not tname.endswith(F32_ONLY)
-        dtype = kind or np.dtype(np.float16 if half else np.float32)
-        shapes[tname] = (tuple(shape), dtype)
-        w.add_tensor_info(tname, shape, dtype, int(np.prod(shape)) * dtype.itemsize)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for tname in tensors:
-        arr = load(tname)
-        if (arr.shape, arr.dtype) != shapes[tname]:
-            raise ValueError(f"tensor {tname} changed shape or type between passes")
-        w.write_tensor_data(arr)
-    w.close()
-    return path
-
-
-def _add_rope_scaling(w: GGUFWriter, scaling: dict) -> None:
-    kind = scaling.get("rope_type") or scaling.get("type")
-    factor = scaling.get("factor")
-    if kind not in ("linear", "yarn") or factor is None:
-        raise ValueError(f"rope scaling {kind!r} is not supported (linear and yarn are)")
-    w.add_string("dflash.rope.scaling.type", kind)
-    w.add_float32("dflash.rope.scaling.factor", float(factor))
-    if kind == "yarn":
-        w.add_uint32("dflash.rope.scaling.original_context_length", int(scaling["original_max_position_embeddings"]))
-        for key, gguf_key in (
-            ("extrapolation_factor", "yarn_ext_factor"),
-            ("attention_factor", "yarn_attn_factor"),
-            ("beta_fast", "yarn_beta_fast"),
-            ("beta_slow", "yarn_beta_slow"),
-        ):
-            if scaling.get(key) is not None:
-                w.add_float32(f"dflash.rope.scaling.{gguf_key}", float(scaling[key]))
 
 
 def write_dflash(path: str | Path, spec: DFlashSpec | None = None, **kw) -> Path:
     """Write a tiny random DFlash drafter (borrows the target's embedding and head)."""
     spec = spec or DFlashSpec(**kw)
-    return write_dflash_gguf(path, spec, dflash_tensors(spec))
-
-
-@dataclass
-class DFlash2Spec(DFlashSpec):
-    """A tiny DFlash2 drafter: DFlashSpec plus the two-tap dynamic convolution and the top-k selector.
-
-    Tensors and keys follow the DFlash2 branch of ``src/models/dflash.cpp``:
-    per layer ``attn_conv_base``/``ffn_conv_base`` ``[2, kernel, n_embd]`` and
-    ``attn_conv_proj``/``ffn_conv_proj`` ``[2 * kernel * groups, n_embd]``;
-    ``selector_predecessor``/``selector_successor`` ``[n_vocab, rank]`` and
-    ``selector_hidden`` ``[rank, n_embd]``. ``omit_keys`` drops the
-    conv/selector metadata (a broken file, for the error path).
-    """
-
-    block_size: int = 8
-    conv_kernel_size: int = 2
-    conv_group_size: int = 16
-    selector_rank: int = 16
-    selector_top_k: int = 4
-    selector_scale: float = 0.5  # std of the codebooks: how much the pairwise score reorders the top-k
-    omit_keys: bool = False
-
-    def dflash2_keys(self) -> dict[str, int]:
-        if self.omit_keys:
-            return {}
-        return {
-            "conv_kernel_size": self.conv_kernel_size,
-            "conv_group_size": self.conv_group_size,
-            "selector_rank": self.selector_rank,
-            "selector_top_k": self.selector_top_k,
-        }
+    return write_dflash_gguf(path, spec, dflash_tensors(spec), tokenizer_from=vocab_path())
 
 
 def dflash2_tensors(spec: DFlash2Spec, n_vocab: int = 32000) -> dict[str, np.ndarray]:
@@ -388,11 +197,12 @@ def dflash2_tensors(spec: DFlash2Spec, n_vocab: int = 32000) -> dict[str, np.nda
 def write_dflash2(path: str | Path, spec: DFlash2Spec | None = None, **kw) -> Path:
     """Write a tiny random DFlash2 drafter (borrows the target's embedding and head)."""
     spec = spec or DFlash2Spec(**kw)
-    return write_dflash_gguf(path, spec, dflash2_tensors(spec), name=f"dflash2-{spec.n_embd}x{spec.n_layer}")
+    return write_dflash_gguf(path, spec, dflash2_tensors(spec), tokenizer_from=vocab_path(),
+                             name=f"dflash2-{spec.n_embd}x{spec.n_layer}")
 
 
 @dataclass
-class Eagle3Spec:
+class Eagle3Spec(_Widths):
     """A tiny EAGLE-3 drafter (arch ``eagle3``, ``src/models/eagle3.cpp``): fc over three tapped
     target layers, one decoder layer on ``[norm(token embedding), norm(g)]``.
 
@@ -423,14 +233,6 @@ class Eagle3Spec:
     n_ctx_train: int = 4096
     seed: int = 2
 
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    @property
-    def ff(self) -> int:
-        return self.n_ff or 4 * self.n_embd
-
 
 def eagle3_tensors(spec: Eagle3Spec, n_vocab: int = 32000) -> dict[str, np.ndarray]:
     """Random (or echoing) EAGLE-3 weights under their GGUF names (NumPy shapes, row-major)."""
@@ -440,10 +242,10 @@ def eagle3_tensors(spec: Eagle3Spec, n_vocab: int = 32000) -> dict[str, np.ndarr
     q_out, kv_out = spec.n_head * hd, spec.n_head_kv * hd
     t: dict[str, np.ndarray] = {
         "fc.weight": rand((d, n_feat), spec.fc_scale / np.sqrt(n_feat)),
-        "output_norm.weight": np.ones(d, np.float32),
-        "blk.0.attn_norm.weight": np.ones(d, np.float32),
-        "blk.0.attn_norm_2.weight": np.ones(d, np.float32),
-        "blk.0.ffn_norm.weight": np.ones(d, np.float32),
+        "output_norm.weight": _ones(d),
+        "blk.0.attn_norm.weight": _ones(d),
+        "blk.0.attn_norm_2.weight": _ones(d),
+        "blk.0.ffn_norm.weight": _ones(d),
     }
     if spec.echo:
         pick = np.zeros((d, 2 * d), np.float32)
@@ -455,13 +257,8 @@ def eagle3_tensors(spec: Eagle3Spec, n_vocab: int = 32000) -> dict[str, np.ndarr
         for name, shape in (("gate", (spec.ff, d)), ("up", (spec.ff, d)), ("down", (d, spec.ff))):
             t[f"blk.0.ffn_{name}.weight"] = np.zeros(shape, np.float32)
     else:
-        t["blk.0.attn_q.weight"] = rand((q_out, 2 * d), 0.1)
-        t["blk.0.attn_k.weight"] = rand((kv_out, 2 * d), 0.1)
-        t["blk.0.attn_v.weight"] = rand((kv_out, 2 * d), 0.1)
-        t["blk.0.attn_output.weight"] = rand((d, q_out), 0.1)
-        t["blk.0.ffn_gate.weight"] = rand((spec.ff, d), 0.1)
-        t["blk.0.ffn_up.weight"] = rand((spec.ff, d), 0.1)
-        t["blk.0.ffn_down.weight"] = rand((d, spec.ff), 0.1)
+        t.update(_attention(rand, "blk.0.", spec, 0.1, d_in=2 * d))
+        t.update(_ffn(rand, "blk.0.", d, spec.ff, 0.1))
     if spec.draft_vocab:
         t["d2t"] = (np.arange(spec.draft_vocab, dtype=np.int64) * spec.vocab_stride) % n_vocab
         t["output.weight"] = rand((spec.draft_vocab, d), 0.5)
@@ -477,33 +274,17 @@ def write_eagle3(path: str | Path, spec: Eagle3Spec | None = None, omit: tuple[s
     w = GGUFWriter(str(path), "eagle3")
     w.add_name(f"eagle3-{spec.n_embd}")
     n_vocab = copy_tokenizer(w, vocab_path())
-    w.add_context_length(spec.n_ctx_train)
-    w.add_embedding_length(spec.n_embd)
-    w.add_block_count(1)
-    w.add_feed_forward_length(spec.ff)
-    w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_head_kv)
-    w.add_rope_dimension_count(spec.head_dim)
-    w.add_layer_norm_rms_eps(spec.rms_eps)
-    w.add_rope_freq_base(spec.rope_theta)
-    w.add_vocab_size(n_vocab)
+    add_decoder_keys(w, n_ctx_train=spec.n_ctx_train, n_embd=spec.n_embd, n_block=1, n_ff=spec.ff, n_head=spec.n_head,
+                     n_head_kv=spec.n_head_kv, rms_eps=spec.rms_eps, rope_theta=spec.rope_theta, n_rot=spec.head_dim,
+                     n_vocab=n_vocab)
     if "target_layers" not in omit:
         w.add_array("eagle3.target_layers", [int(x) for x in spec.target_layers])
     if "target_hidden_size" not in omit:
         w.add_uint32("eagle3.target_hidden_size", spec.target_hidden_size)
     w.add_bool("eagle3.norm_before_residual", spec.norm_before_residual)
     w.add_file_type(0)
-    for name, arr in eagle3_tensors(spec, n_vocab).items():
-        w.add_tensor(name, arr)
-    _finish(w)
+    _finish(w, eagle3_tensors(spec, n_vocab))
     return path
-
-
-def _finish(w: GGUFWriter) -> None:
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 @dataclass
@@ -550,6 +331,29 @@ class HybridSpec:
         return il < self.n_layer and (il + 1) % self.full_attention_interval != 0
 
 
+def _gated_delta_net(rand: _Weights, b: str, spec: HybridSpec) -> dict[str, np.ndarray]:
+    """A linear-attention (Gated-DeltaNet) block's mixer: ``qwen35`` splits beta and alpha, ``qwen3next`` joins them."""
+    d, s, heads = spec.n_embd, spec.layer_scale, spec.linear_v_heads
+    key_dim = spec.linear_head_dim * spec.linear_k_heads
+    value_dim = spec.linear_head_dim * heads
+    conv_dim = 2 * key_dim + value_dim
+    t = {
+        b + "attn_qkv.weight": rand((conv_dim, d), s),
+        b + "attn_gate.weight": rand((value_dim, d), s),
+        b + "ssm_conv1d.weight": rand((conv_dim, spec.conv_kernel), 0.5),
+        b + "ssm_dt.bias": rand((heads,), 0.5) + spec.dt_bias,
+        b + "ssm_a": -np.exp(rand((heads,), 0.5) + spec.a_log),  # -exp(A_log)
+    }
+    if spec.arch == "qwen35":
+        t[b + "ssm_beta.weight"] = rand((heads, d), s)
+        t[b + "ssm_alpha.weight"] = rand((heads, d), s)
+    else:
+        t[b + "ssm_ba.weight"] = rand((2 * heads, d), s)
+    t[b + "ssm_norm.weight"] = _ones(spec.linear_head_dim)
+    t[b + "ssm_out.weight"] = rand((d, value_dim), s)
+    return t
+
+
 def write_hybrid(path: str | Path, spec: HybridSpec | None = None, **kw) -> Path:
     """Write a tiny ``qwen35`` / ``qwen3next`` model with random F32 weights (tensors as in ``src/models/<arch>.cpp``)."""
     spec = spec or HybridSpec(**kw)
@@ -561,91 +365,48 @@ def write_hybrid(path: str | Path, spec: HybridSpec | None = None, **kw) -> Path
     w.add_name(f"tiny-{a}-{spec.n_embd}x{spec.n_layer}{f'-mtp{spec.n_nextn}' if spec.n_nextn else ''}-s{spec.seed}")
     n_vocab = copy_tokenizer(w, vocab_path())
     w.add_string("tokenizer.chat_template", CHATML_TEMPLATE)
-    w.add_context_length(spec.n_ctx_train)
-    w.add_embedding_length(spec.n_embd)
-    w.add_block_count(spec.n_layer + spec.n_nextn)
-    if spec.n_nextn:
-        w.add_uint32(f"{a}.nextn_predict_layers", spec.n_nextn)
-    w.add_feed_forward_length(spec.n_ff)
-    w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_head_kv)
-    w.add_key_length(spec.head_dim)
-    w.add_value_length(spec.head_dim)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1e7)
-    w.add_rope_dimension_count(spec.n_rot)
-    w.add_vocab_size(n_vocab)
+    add_decoder_keys(w, n_ctx_train=spec.n_ctx_train, n_embd=spec.n_embd, n_block=spec.n_layer + spec.n_nextn,
+                     n_ff=spec.n_ff, n_head=spec.n_head, n_head_kv=spec.n_head_kv, rms_eps=1e-6, head_dim=spec.head_dim,
+                     rope_theta=1e7, n_rot=spec.n_rot, n_vocab=n_vocab, n_nextn=spec.n_nextn)
     w.add_file_type(0)
-    w.add_uint32(f"{a}.full_attention_interval", spec.full_attention_interval)
-    w.add_uint32(f"{a}.ssm.conv_kernel", spec.conv_kernel)
-    w.add_uint32(f"{a}.ssm.state_size", spec.linear_head_dim)
-    w.add_uint32(f"{a}.ssm.group_count", spec.linear_k_heads)
-    w.add_uint32(f"{a}.ssm.time_step_rank", spec.linear_v_heads)
-    w.add_uint32(f"{a}.ssm.inner_size", spec.linear_head_dim * spec.linear_v_heads)
+    add_ssm_keys(w, full_attention_interval=spec.full_attention_interval, conv_kernel=spec.conv_kernel,
+                 head_dim=spec.linear_head_dim, k_heads=spec.linear_k_heads, v_heads=spec.linear_v_heads)
     if a == "qwen35":  # interleaved M-RoPE; the sections count rotary pairs
         half = spec.n_rot // 2
         w.add_array(f"{a}.rope.dimension_sections", [half - 2 * (half // 3), half // 3, half // 3, 0])
     else:
-        w.add_uint32(f"{a}.expert_count", spec.n_expert)
-        w.add_uint32(f"{a}.expert_used_count", spec.n_expert_used)
-        w.add_uint32(f"{a}.expert_feed_forward_length", spec.n_ff_exp)
-        w.add_uint32(f"{a}.expert_shared_feed_forward_length", spec.n_ff)
+        add_expert_keys(w, n_expert=spec.n_expert, n_expert_used=spec.n_expert_used, n_ff_exp=spec.n_ff_exp,
+                        n_ff_shexp=spec.n_ff)
 
     rand = _Weights(spec.seed, spec.noise)
-    d, hd, s = spec.n_embd, spec.head_dim, spec.layer_scale
-    ones = lambda n: np.ones(n, np.float32)  # noqa: E731
-    w.add_tensor("token_embd.weight", rand((n_vocab, d), 1.0))
-    w.add_tensor("output_norm.weight", ones(d))
-    w.add_tensor("output.weight", rand((n_vocab, d), 0.5))
-    key_dim = spec.linear_head_dim * spec.linear_k_heads
-    value_dim = spec.linear_head_dim * spec.linear_v_heads
-    conv_dim = 2 * key_dim + value_dim
+    d, s = spec.n_embd, spec.layer_scale
+    t = {"token_embd.weight": rand((n_vocab, d), 1.0), "output_norm.weight": _ones(d), "output.weight": rand((n_vocab, d), 0.5)}
     for il in range(spec.n_layer + spec.n_nextn):
         b = f"blk.{il}."
-        w.add_tensor(b + "attn_norm.weight", ones(d))
-        w.add_tensor(b + "post_attention_norm.weight", ones(d))
+        t[b + "attn_norm.weight"] = _ones(d)
+        t[b + "post_attention_norm.weight"] = _ones(d)
         if spec.recurrent(il):
-            w.add_tensor(b + "attn_qkv.weight", rand((conv_dim, d), s))
-            w.add_tensor(b + "attn_gate.weight", rand((value_dim, d), s))
-            w.add_tensor(b + "ssm_conv1d.weight", rand((conv_dim, spec.conv_kernel), 0.5))
-            w.add_tensor(b + "ssm_dt.bias", rand((spec.linear_v_heads,), 0.5) + spec.dt_bias)
-            w.add_tensor(b + "ssm_a", -np.exp(rand((spec.linear_v_heads,), 0.5) + spec.a_log))  # -exp(A_log)
-            if a == "qwen35":
-                w.add_tensor(b + "ssm_beta.weight", rand((spec.linear_v_heads, d), s))
-                w.add_tensor(b + "ssm_alpha.weight", rand((spec.linear_v_heads, d), s))
-            else:
-                w.add_tensor(b + "ssm_ba.weight", rand((2 * spec.linear_v_heads, d), s))
-            w.add_tensor(b + "ssm_norm.weight", ones(spec.linear_head_dim))
-            w.add_tensor(b + "ssm_out.weight", rand((d, value_dim), s))
+            t.update(_gated_delta_net(rand, b, spec))
         else:  # full attention; the query projection also yields the output gate
-            w.add_tensor(b + "attn_q.weight", rand((2 * spec.n_head * hd, d), s))
-            w.add_tensor(b + "attn_k.weight", rand((spec.n_head_kv * hd, d), s))
-            w.add_tensor(b + "attn_v.weight", rand((spec.n_head_kv * hd, d), s))
-            w.add_tensor(b + "attn_output.weight", rand((d, spec.n_head * hd), s))
-            w.add_tensor(b + "attn_q_norm.weight", ones(hd))
-            w.add_tensor(b + "attn_k_norm.weight", ones(hd))
+            t.update(_attention(rand, b, spec, s, q_mult=2, qk_norm=True))
         if a == "qwen35":
-            w.add_tensor(b + "ffn_gate.weight", rand((spec.n_ff, d), s))
-            w.add_tensor(b + "ffn_up.weight", rand((spec.n_ff, d), s))
-            w.add_tensor(b + "ffn_down.weight", rand((d, spec.n_ff), s))
+            t.update(_ffn(rand, b, d, spec.n_ff, s))
         else:
             e, fe = spec.n_expert, spec.n_ff_exp
-            w.add_tensor(b + "ffn_gate_inp.weight", rand((e, d), s))
-            w.add_tensor(b + "ffn_gate_exps.weight", rand((e, fe, d), s))
-            w.add_tensor(b + "ffn_up_exps.weight", rand((e, fe, d), s))
-            w.add_tensor(b + "ffn_down_exps.weight", rand((e, d, fe), s))
-            w.add_tensor(b + "ffn_gate_inp_shexp.weight", rand((d,), s))
-            w.add_tensor(b + "ffn_gate_shexp.weight", rand((spec.n_ff, d), s))
-            w.add_tensor(b + "ffn_up_shexp.weight", rand((spec.n_ff, d), s))
-            w.add_tensor(b + "ffn_down_shexp.weight", rand((d, spec.n_ff), s))
+            t[b + "ffn_gate_inp.weight"] = rand((e, d), s)
+            t[b + "ffn_gate_exps.weight"] = rand((e, fe, d), s)
+            t[b + "ffn_up_exps.weight"] = rand((e, fe, d), s)
+            t[b + "ffn_down_exps.weight"] = rand((e, d, fe), s)
+            t[b + "ffn_gate_inp_shexp.weight"] = rand((d,), s)
+            t.update(_ffn(rand, b, d, spec.n_ff, s, suffix="_shexp"))
         if il >= spec.n_layer:  # MTP block: embedding and hidden state joined by eh_proj
             if spec.mtp_agree is None:
                 eh_proj = rand((d, 2 * d), 1.0 / np.sqrt(2 * d))
             else:
                 eh_proj = np.concatenate([np.eye(d, dtype=np.float32), rand((d, d), spec.mtp_agree / np.sqrt(d))], axis=1)
-            w.add_tensor(b + "nextn.eh_proj.weight", eh_proj)
-            w.add_tensor(b + "nextn.enorm.weight", ones(d))
-            w.add_tensor(b + "nextn.hnorm.weight", ones(d))
-            w.add_tensor(b + "nextn.shared_head_norm.weight", ones(d))
-    _finish(w)
+            t[b + "nextn.eh_proj.weight"] = eh_proj
+            t[b + "nextn.enorm.weight"] = _ones(d)
+            t[b + "nextn.hnorm.weight"] = _ones(d)
+            t[b + "nextn.shared_head_norm.weight"] = _ones(d)
+    _finish(w, t)
     return path

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from localflash.formats.dflash_hf import DrafterInfo, hf_config, hf_to_gguf_name, write_quantized, write_safetensors
+from localflash.formats.dflash_gguf import DrafterInfo
+from localflash.formats.dflash_hf import hf_config, hf_to_gguf_name, write_quantized
+from localflash.formats.safetensors import write_safetensors
 from localflash.train.model import DFlashDraft
 
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localflash.testing.tiny import DFlashSpec
+from localflash.formats.dflash_gguf import DFlashSpec
 
 
 class RMSNorm(nn.Module):
@@ -304,7 +304,8 @@ def target_matrices(target_path) -> tuple[np.ndarray, np.ndarray]:
 
 def from_gguf(drafter_path, target_path, llama_semantics: bool = True) -> DFlashDraft:
     """A PyTorch drafter with the weights of a ``dflash`` GGUF and its target's embedding/head."""
-    from localflash.formats.dflash_hf import gguf_to_hf_name, read_dflash_gguf
+    from localflash.formats.dflash_gguf import read_dflash_gguf
+    from localflash.formats.dflash_hf import gguf_to_hf_name
 
     info, tensors = read_dflash_gguf(drafter_path)
     embed, head = target_matrices(target_path)

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from localflash.formats.dflash_hf import QUANTS, build_target_layer_ids, read_target
+from localflash.formats.dflash_hf import QUANTS, build_target_layer_ids
 from localflash.errors import LocalflashError
 from localflash.registry.pairs import cache_dir
-from localflash.testing.tiny import DFlashSpec
-from localflash.train.data import FeatureStore, GenConfig, build_dataset, load_prompts, split_holdout
+from localflash.formats.dflash_gguf import DFlashSpec, read_target
+from localflash.train.data import GenConfig, build_dataset, load_prompts, split_holdout
 from localflash.train.trainer import TrainConfig
 
 CONTROL_TYPES = (3, 4)  # llama.cpp token types: CONTROL, USER_DEFINED

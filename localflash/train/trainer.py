@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from localflash.errors import LocalflashError
-from localflash.testing.tiny import DFlashSpec
+from localflash.formats.dflash_gguf import DFlashSpec
 from localflash.train.anchors import IGNORE, build_blocks, sample_anchors
 from localflash.train.data import FeatureStore, Record
 from localflash.train.loss import default_gamma, dflash_loss, position_weights

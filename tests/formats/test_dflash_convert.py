@@ -18,19 +18,13 @@ import pytest
 import torch  # noqa: E402  (the train extra; `make install` installs it)
 
 from localflash import cli  # noqa: E402
-from localflash.formats.dflash_hf import (  # noqa: E402
-    build_target_layer_ids,
-    gguf_to_hf,
-    hf_to_gguf,
-    read_checkpoint,
-    read_dflash_gguf,
-    spec_from_hf,
-    write_safetensors,
-)
+from localflash.formats.dflash_gguf import DFlashSpec, read_dflash_gguf  # noqa: E402
+from localflash.formats.dflash_hf import build_target_layer_ids, gguf_to_hf, hf_to_gguf, read_checkpoint, spec_from_hf  # noqa: E402
+from localflash.formats.safetensors import write_safetensors  # noqa: E402
 from localflash.errors import LocalflashError  # noqa: E402
 from localflash.llama import Context, ContextOptions, Model  # noqa: E402
 from localflash.speculative.dflash import DFlashDrafter  # noqa: E402
-from localflash.testing.tiny import DFlashSpec, TinySpec, write_target  # noqa: E402
+from localflash.testing.tiny import TinySpec, write_target  # noqa: E402
 from localflash.train.export import export_hf  # noqa: E402
 from localflash.train.model import DFlashDraft, target_matrices  # noqa: E402
 
@@ -266,7 +260,8 @@ def test_cli_converts_and_quantizes(tiny_target, tmp_path, monkeypatch, capsys):
 
 def test_dflash2_round_trip_keeps_tensors_keys_and_drafts(tiny_target, tmp_path):
     """DFlash2 GGUF -> HF (z-lab DFlash2DraftModel names) -> GGUF: same tensors, keys and selector drafts."""
-    from localflash.testing.tiny import DFlash2Spec, write_dflash2
+    from localflash.formats.dflash_gguf import DFlash2Spec
+    from localflash.testing.tiny import write_dflash2
 
     spec = DFlash2Spec(n_layer=2, target_layers=[1, 3], mask_token_id=MASK, block_size=8, selector_top_k=3, seed=7)
     src = write_dflash2(tmp_path / "d2.gguf", spec)

@@ -11,7 +11,8 @@ import pytest
 from localflash.errors import LocalflashError
 from localflash.registry.check import check_pair
 from localflash.registry.pairs import SHIPPED, cache_dir, get_pair, load_pairs
-from localflash.testing.tiny import DFlashSpec, TinySpec, write_dflash, write_target
+from localflash.formats.dflash_gguf import DFlashSpec
+from localflash.testing.tiny import TinySpec, write_dflash, write_target
 
 
 def toml(tmp_path: Path, text: str, name: str = "models.toml") -> Path:

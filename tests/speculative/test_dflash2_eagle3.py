@@ -12,7 +12,8 @@ from localflash.speculative.eagle3 import Eagle3Drafter
 from localflash.speculative.loop import Engine
 from localflash.speculative.sampling import SamplingParams
 from localflash.speculative.stats import Stats
-from localflash.testing.tiny import DFlash2Spec, DFlashSpec, Eagle3Spec, write_dflash, write_dflash2, write_eagle3
+from localflash.formats.dflash_gguf import DFlash2Spec, DFlashSpec
+from localflash.testing.tiny import Eagle3Spec, write_dflash, write_dflash2, write_eagle3
 
 N_CTX = 1024
 WORDS = "the river a garden of quiet stone light and paper over nine silver hills where we".split()

@@ -161,7 +161,8 @@ def test_qwen3next_greedy_is_lossless_through_checkpoint_and_replay(pool, plain,
 
 @pytest.fixture(scope="module")
 def qwen3next_drafters(tiny_dir, tiny_qwen3next):
-    from localflash.testing.tiny import DFlashSpec, HybridSpec, write_dflash, write_hybrid
+    from localflash.formats.dflash_gguf import DFlashSpec
+    from localflash.testing.tiny import HybridSpec, write_dflash, write_hybrid
 
     return {
         "same": write_hybrid(tiny_dir / "qwen3next-draft-same.gguf", HybridSpec(arch="qwen3next", seed=4)),

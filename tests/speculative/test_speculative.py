@@ -15,7 +15,8 @@ from localflash.speculative.drafter import LookupFirstDrafter, NgramDrafter
 from localflash.speculative.loop import Engine
 from localflash.speculative.sampling import SamplingParams
 from localflash.speculative.stats import Stats
-from localflash.testing.tiny import DFlashSpec, TinySpec, write_dflash, write_target
+from localflash.formats.dflash_gguf import DFlashSpec
+from localflash.testing.tiny import TinySpec, write_dflash, write_target
 
 N_CTX = 1024
 # equality is claimed in exact mode (--exact): a row's logits do not depend on its batch (tests/llama/test_exact.py)

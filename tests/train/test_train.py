@@ -13,12 +13,12 @@ import pytest
 import torch  # noqa: E402  (the train extra; `make install` installs it)
 
 from localflash import cli  # noqa: E402
-from localflash.formats.dflash_hf import read_dflash_gguf  # noqa: E402
+from localflash.formats.dflash_gguf import DFlashSpec, read_dflash_gguf  # noqa: E402
 from localflash.llama import Context, ContextOptions, Model  # noqa: E402
 from localflash.speculative.drafter import NgramDrafter  # noqa: E402
 from localflash.speculative.loop import Engine  # noqa: E402
 from localflash.speculative.sampling import SamplingParams  # noqa: E402
-from localflash.testing.tiny import DFlashSpec, TinySpec, write_target  # noqa: E402
+from localflash.testing.tiny import TinySpec, write_target  # noqa: E402
 from localflash.train.anchors import IGNORE, build_blocks, sample_anchors, valid_anchors  # noqa: E402
 from localflash.train.data import FeatureRecorder, GenConfig, build_dataset  # noqa: E402
 from localflash.train.loss import default_gamma, dflash_loss, position_weights  # noqa: E402
