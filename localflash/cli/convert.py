@@ -9,8 +9,6 @@ import typer
 
 from localflash.cli.app import app
 from localflash.errors import LocalflashError
-from localflash.formats.dflash_gguf import check_against_target, read_dflash_gguf, read_target
-from localflash.formats.dflash_hf import gguf_to_hf, hf_to_gguf, read_checkpoint, spec_from_hf
 
 
 @app.command("convert-drafter")
@@ -30,6 +28,9 @@ def convert_command(src: str, out: str, target: str | None, quant: str, to_hf: b
     """``localflash convert-drafter``: progress on stderr, the written path on stdout."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from localflash.formats.dflash_gguf import check_against_target, read_dflash_gguf, read_target
+    from localflash.formats.dflash_hf import gguf_to_hf, hf_to_gguf, read_checkpoint, spec_from_hf
 
     con = Console(stderr=True)
     if to_hf:

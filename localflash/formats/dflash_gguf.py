@@ -3,8 +3,9 @@
 A drafter is a :class:`DFlashSpec` (shape and settings, in llama.cpp's
 conventions: ``target_layers`` are layer *inputs*, HF ids + 1) plus its tensors
 under GGUF names. :func:`write_dflash_gguf` streams one to disk with the keys
-llama.cpp's loader reads (the tokenizer is the target's); :func:`read_dflash_gguf`
-reads one back, dequantized. :func:`read_target` and :func:`check_against_target`
+llama.cpp's loader reads (the tokenizer is the target's), :func:`write_quantized`
+at a quant type (through llama.cpp's quantizer); :func:`read_dflash_gguf` reads
+one back, dequantized. :func:`read_target` and :func:`check_against_target`
 say whether a drafter can serve a given target GGUF.
 """
 
@@ -22,6 +23,7 @@ from localflash.archs import LAYER_INPUT_ARCHS
 from localflash.errors import LocalflashError
 from localflash.formats.gguf_write import add_decoder_keys, copy_tokenizer
 
+QUANTS = ("Q4_K_M", "Q8_0", "F16", "F32")  # what a drafter GGUF can be written as
 MASK_TOKEN_ID = 31999  # the default mask token: a rare piece of the bundled SPM vocab stands in for <|MASK|>
 F32_ONLY = ("_conv_base",)  # DFlash2 convolution bases: added to F32 activations, never halved or quantized
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")  # dflash.* keys of DFlash2
@@ -189,6 +191,45 @@ def write_dflash_gguf(
         w.write_tensor_data(arr)
     w.close()
     return path
+
+
+def write_quantized(
+    out: str | Path,
+    spec: DFlashSpec,
+    tensors: dict,
+    tokenizer_from: str | Path,
+    quant: str,
+    name: str | None = None,
+    n_target_layers: int | None = None,
+    n_params: int | None = None,
+    on_stage: Callable[[str], None] | None = None,
+) -> Path:
+    """Write a ``dflash`` GGUF at ``quant``: F32/F16 directly, else a float file quantized by llama.cpp."""
+    quant = quant.upper()
+    if quant not in QUANTS:
+        raise LocalflashError(f"unknown quantization {quant!r}", hint=f"use one of {', '.join(QUANTS)}")
+    out = Path(out).expanduser()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    direct = quant in ("F32", "F16")
+    if n_params is None:
+        n_params = sum(int(np.prod(v.shape)) for v in tensors.values())
+    float_type = quant if direct else ("F32" if n_params * 4 < 2 << 30 else "F16")
+    tmp = out if direct else out.with_name(out.name + f".{float_type.lower()}.tmp")
+    if on_stage:
+        on_stage(f"writing {float_type} GGUF")
+    try:
+        write_dflash_gguf(tmp, spec, tensors, tokenizer_from=tokenizer_from, float_type=float_type,
+                          name=name, n_target_layers=n_target_layers)
+        if not direct:
+            from localflash.llama.quantize import quantize
+
+            if on_stage:
+                on_stage(f"quantizing to {quant}")
+            quantize(tmp, out, quant)
+    finally:
+        if not direct and tmp.exists():
+            tmp.unlink()
+    return out
 
 
 def _add_rope_scaling(w: GGUFWriter, scaling: dict) -> None:

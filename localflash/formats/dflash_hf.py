@@ -38,6 +38,7 @@ import numpy as np
 from localflash.errors import LocalflashError
 from localflash.formats.dflash_gguf import (
     DFLASH2_KEYS,
+    QUANTS,
     DFlash2Spec,
     DFlashSpec,
     DrafterInfo,
@@ -45,13 +46,10 @@ from localflash.formats.dflash_gguf import (
     check_against_target,
     read_dflash_gguf,
     read_target,
-    write_dflash_gguf,
+    write_quantized,
 )
 from localflash.formats.safetensors import SafetensorsFile, write_safetensors
 
-
-
-QUANTS = ("Q4_K_M", "Q8_0", "F16", "F32")
 HF_DTYPES = ("bf16", "f16", "f32")
 
 _TOP = {
@@ -415,45 +413,6 @@ def hf_to_gguf(
             tensors[g] = LazyTensor(shape, _loader(ckpt, hf_name, g, k, total, on_tensor))
     return write_quantized(out, info.spec, tensors, tgt.path, quant, name=Path(hf_dir).name,
                            n_target_layers=info.n_target_layers, n_params=n_params, on_stage=on_stage)
-
-
-def write_quantized(
-    out: str | Path,
-    spec: DFlashSpec,
-    tensors: dict,
-    tokenizer_from: str | Path,
-    quant: str,
-    name: str | None = None,
-    n_target_layers: int | None = None,
-    n_params: int | None = None,
-    on_stage: Callable[[str], None] | None = None,
-) -> Path:
-    """Write a ``dflash`` GGUF at ``quant``: F32/F16 directly, else a float file quantized by llama.cpp."""
-    quant = quant.upper()
-    if quant not in QUANTS:
-        raise LocalflashError(f"unknown quantization {quant!r}", hint=f"use one of {', '.join(QUANTS)}")
-    out = Path(out).expanduser()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    direct = quant in ("F32", "F16")
-    if n_params is None:
-        n_params = sum(int(np.prod(v.shape)) for v in tensors.values())
-    float_type = quant if direct else ("F32" if n_params * 4 < 2 << 30 else "F16")
-    tmp = out if direct else out.with_name(out.name + f".{float_type.lower()}.tmp")
-    if on_stage:
-        on_stage(f"writing {float_type} GGUF")
-    try:
-        write_dflash_gguf(tmp, spec, tensors, tokenizer_from=tokenizer_from, float_type=float_type,
-                          name=name, n_target_layers=n_target_layers)
-        if not direct:
-            from localflash.llama.quantize import quantize
-
-            if on_stage:
-                on_stage(f"quantizing to {quant}")
-            quantize(tmp, out, quant)
-    finally:
-        if not direct and tmp.exists():
-            tmp.unlink()
-    return out
 
 
 def _loader(ckpt: Checkpoint, hf_name: str, g: str, k: int, total: int, on_tensor) -> Callable[[], np.ndarray]:

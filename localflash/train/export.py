@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from localflash.formats.dflash_gguf import DrafterInfo
-from localflash.formats.dflash_hf import hf_config, hf_to_gguf_name, write_quantized
+from localflash.formats.dflash_gguf import DrafterInfo, write_quantized
+from localflash.formats.dflash_hf import hf_config, hf_to_gguf_name
 from localflash.formats.safetensors import write_safetensors
 from localflash.train.model import DFlashDraft
 

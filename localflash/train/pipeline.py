@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from localflash.formats.dflash_hf import QUANTS, build_target_layer_ids
+from localflash.formats.dflash_hf import build_target_layer_ids
 from localflash.errors import LocalflashError
 from localflash.registry.pairs import cache_dir
-from localflash.formats.dflash_gguf import DFlashSpec, read_target
+from localflash.formats.dflash_gguf import QUANTS, DFlashSpec, read_target
 from localflash.train.data import GenConfig, build_dataset, load_prompts, split_holdout
 from localflash.train.trainer import TrainConfig
 
