@@ -88,7 +88,7 @@ class DFlash2Spec(DFlashSpec):
     conv_group_size: int = 16
     selector_rank: int = 16
     selector_top_k: int = 4
-    selector_scale: float = 0.5  # random weights (localflash.testing): std of the codebooks: how much the pairwise score reorders the top-k
+    selector_scale: float = 0.5  # random-weight fixtures: std of the codebooks (how much the pairwise score reorders the top-k)
     omit_keys: bool = False
 
     def dflash2_keys(self) -> dict[str, int]:
