@@ -20,7 +20,8 @@ def table_rows(report: dict) -> list[dict]:
 def print_report(report: dict, console) -> None:
     from rich.text import Text
 
-    from localflash.cli.render import bench_table, drafting_hist, energy_table, fmt_bytes, histogram
+    from localflash.cli.render import bench_table, drafting_hist, energy_table, histogram
+    from localflash.plan.devices import fmt_bytes
 
     energy = report.get("energy") or {}
     console.print(

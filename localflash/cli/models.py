@@ -34,7 +34,7 @@ def models(
     from localflash.bench.verdicts import all_verdicts, pair_key
     from localflash.registry.check import list_rows
     from localflash.registry.pairs import config_dir, load_pairs
-    from localflash.cli.render import fmt_bytes
+    from localflash.plan.devices import fmt_bytes
 
     pairs = load_pairs()
     rows = list_rows(pairs)

@@ -13,16 +13,6 @@ from localflash.api import Stats
 BLOCKS = " ▏▎▍▌▋▊▉█"
 
 
-def fmt_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def bar(fraction: float, width: int = 20) -> str:
     """A horizontal bar of ``width`` cells with eighth-cell resolution."""
     fraction = min(max(fraction, 0.0), 1.0)

@@ -45,7 +45,19 @@ def parse_size(text: str) -> int:
     return int(float(m[1]) * (_UNITS[unit] if unit else 1024**3))
 
 
+def fmt_bytes(n: int | float | None) -> str:
+    """A size for tables and reports: B, KiB, MiB, GiB or TiB with one decimal (None: "-")."""
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
 def format_size(n: int) -> str:
+    """A size in the planner's messages: GiB with two decimals from 1 GiB, else whole MiB."""
     return f"{n / 1024**3:.2f} GiB" if abs(n) >= 1024**3 else f"{n / 1024**2:.0f} MiB"
 
 

@@ -54,7 +54,7 @@ def _fc_input_width(path: Path) -> int | None:
 
 def check_pair(pair: Pair) -> tuple[list[tuple[str, bool | None, str]], bool]:
     """Validate a pair: files, arch, vocabulary, layer ids, fused width. Returns rows and overall ok."""
-    from localflash.cli.render import fmt_bytes
+    from localflash.plan.devices import fmt_bytes
     from localflash.archs import LAYER_INPUT_ARCHS
     from localflash.speculative.dflash import check_dflash_pair
     from localflash.speculative.draft_model import check_same_vocab
