@@ -27,21 +27,38 @@ def tiny_models(folder: Path) -> tuple[Path, Path]:
     return target, drafter
 
 
+class ServerDidNotStart(RuntimeError):
+    """The server process exited or printed no URL in time; the message holds its log."""
+
+
 class LiveServer:
-    def __init__(self, *args: str, log: Path | None = None):
+    """``localflash serve --host 127.0.0.1 --port 0 ARGS`` as a child process: waits for its URL and /health."""
+
+    def __init__(self, *args, log: Path | None = None, env: dict | None = None, timeout: float = 300):
         self.log = log or Path(tempfile.mkdtemp(prefix="lf-serve-")) / "server.log"
         self.out = open(self.log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "localflash.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args],
-                                     stdout=self.out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
+        self.proc = subprocess.Popen([sys.executable, "-m", "localflash.cli", "serve", "--host", "127.0.0.1", "--port", "0", *map(str, args)],
+                                     stdout=self.out, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
         while not (m := re.search(r"http://127\.0\.0\.1:(\d+)", self.log.read_text())):
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"server did not start:\n{self.log.read_text()}")
+                self.stop()
+                raise ServerDidNotStart(f"server did not start:\n{self.log.read_text()}")
             time.sleep(0.1)
         self.url = f"http://127.0.0.1:{m.group(1)}"
         while httpx.get(self.url + "/health").status_code != 200:
             time.sleep(0.1)
         self.model = httpx.get(self.url + "/v1/models").json()["data"][0]["id"]
+
+    def client(self, key: str = "none", timeout: float = 120):
+        """The real ``openai`` client on this server (no retries)."""
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=timeout)
+
+    def text(self) -> str:
+        """The server's log so far."""
+        return self.log.read_text()
 
     def rss_mib(self) -> float:
         """Resident set size of the server process now (VmRSS), in MiB."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -21,48 +20,14 @@ import pytest
 
 openai = pytest.importorskip("openai", reason="the dev extra installs openai")
 
+from localflash.testing.serve import LiveServer  # noqa: E402
+
 PROMPT = "Write a haiku about the sea."
 
 
-class Server:
-    """``localflash serve ARGS --port 0``: waits for the URL in its log and for /health."""
-
-    def __init__(self, log: Path, *args, env: dict | None = None):
-        self.log = log
-        self.out = open(log, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "localflash.cli", "serve", "--port", "0", "-t", "1", *map(str, args)],
-            stdout=self.out, stderr=subprocess.STDOUT, env=env,
-        )
-        deadline = time.monotonic() + 120
-        while True:
-            m = re.search(r"http://127\.0\.0\.1:(\d+)", log.read_text())
-            if m:
-                break
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"server did not start:\n{log.read_text()}")
-            time.sleep(0.1)
-        self.url = f"http://127.0.0.1:{m.group(1)}"
-        while httpx.get(self.url + "/health").status_code != 200:
-            time.sleep(0.1)
-        self.model = httpx.get(self.url + "/v1/models").json()["data"][0]["id"]
-
-    def client(self, key: str = "none") -> "openai.OpenAI":
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.out.close()
-        return self.proc.returncode
+def Server(log: Path, *args, env: dict | None = None) -> LiveServer:
+    """``localflash serve -t 1 ARGS`` on a free loopback port, logging to ``log``."""
+    return LiveServer("-t", "1", *args, log=log, env=env, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +37,7 @@ def tiny_server(tiny_target, tiny_dflash, tmp_path_factory):
     s.stop()
 
 
-def chat(server: Server, stream: bool, **kw):
+def chat(server: LiveServer, stream: bool, **kw):
     """One chat request -> (text, finish_reason, usage, timings, tool_calls)."""
     client = server.client()
     args = dict(model=server.model, messages=[{"role": "user", "content": PROMPT}], temperature=0, max_tokens=24)
