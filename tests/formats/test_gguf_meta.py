@@ -10,19 +10,6 @@ from localflash.testing.shaped import PRESETS, ModelSpec, write_preset, write_sh
 from localflash.testing.tiny import TinySpec, write_target
 
 
-@pytest.fixture(scope="module")
-def shaped(tmp_path_factory):
-    d = tmp_path_factory.mktemp("shaped")
-    return {
-        "27b": read_meta(write_preset(d, "qwen3.6-27b", "Q4_K_M")),
-        "dflash": read_meta(write_preset(d, "qwen3.6-27b-dflash", "Q4_K_M")),
-        "dflash-iq4": read_meta(write_preset(d, "qwen3.6-27b-dflash", "IQ4_XS")),
-        "32b": read_meta(write_preset(d, "qwen3-32b", "Q4_K_M")),
-        "0.6b": read_meta(write_preset(d, "qwen3-0.6b", "Q8_0")),
-        "moe": read_meta(write_preset(d, "qwen3-30b-a3b", "Q4_K_M")),
-    }
-
-
 def test_tiny_llama_layers_and_bytes(tmp_path):
     path = write_target(tmp_path / "t.gguf", TinySpec(n_embd=128, n_layer=3, n_head=4, n_head_kv=2, n_ff=384))
     m = read_meta(path)

@@ -28,19 +28,6 @@ def card(gib: float, i: int = 0) -> Gpu:
     return Gpu(i, "RTX 3090", int(gib * GiB), int(gib * GiB))
 
 
-@pytest.fixture(scope="module")
-def shaped(tmp_path_factory):
-    d = tmp_path_factory.mktemp("shaped")
-    return {
-        "27b": read_meta(write_preset(d, "qwen3.6-27b", "Q4_K_M")),
-        "dflash": read_meta(write_preset(d, "qwen3.6-27b-dflash", "Q4_K_M")),
-        "dflash-iq4": read_meta(write_preset(d, "qwen3.6-27b-dflash", "IQ4_XS")),
-        "32b": read_meta(write_preset(d, "qwen3-32b", "Q4_K_M")),
-        "0.6b": read_meta(write_preset(d, "qwen3-0.6b", "Q8_0")),
-        "moe": read_meta(write_preset(d, "qwen3-30b-a3b", "Q4_K_M")),
-    }
-
-
 # --- accuracy against llama.cpp's accounting -----------------------------------------------
 
 

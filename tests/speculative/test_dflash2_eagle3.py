@@ -14,23 +14,13 @@ from localflash.speculative.sampling import SamplingParams
 from localflash.speculative.stats import Stats
 from localflash.formats.dflash_gguf import DFlash2Spec, DFlashSpec
 from localflash.testing.tiny import Eagle3Spec, write_dflash, write_dflash2, write_eagle3
+from localflash.testing.prompts import word_prompts
 
 N_CTX = 1024
-WORDS = "the river a garden of quiet stone light and paper over nine silver hills where we".split()
 
 
 def prompts(n: int, seed: int = 0) -> list[str]:
-    """Deterministic prompts; every fourth repeats itself (n-gram food), every fifth crosses n_batch."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        words = list(rng.choice(WORDS, size=int(rng.integers(3, 12))))
-        if i % 4 == 0:
-            words = words * 3
-        if i % 5 == 0:
-            words = words * 8
-        out.append(" ".join(words))
-    return out
+    return word_prompts(n, seed)
 
 
 def generate(model, tokens, n, make_drafter=None, sampling=None, adaptive=False, n_rs_seq=0):

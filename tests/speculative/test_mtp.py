@@ -14,24 +14,15 @@ from localflash.speculative.mtp import MtpDrafter
 from localflash.speculative.sampling import SamplingParams
 from localflash.speculative.stats import Stats
 from localflash.testing.tiny import HybridSpec, write_hybrid
+from localflash.testing.prompts import word_prompts
 
 N_CTX = 1024
 N_BATCH = 32  # prompts of more than 32 tokens prefill in several batches (and feed the MTP cache per batch)
-WORDS = "the river a garden of quiet stone light and paper over nine silver hills where we".split()
 
 
 def prompts(n: int, seed: int = 7) -> list[str]:
-    """Deterministic prompts; every third repeats itself (lookup food), every fifth is longer than the batch."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        words = list(rng.choice(WORDS, size=int(rng.integers(3, 12))))
-        if i % 3 == 0:
-            words = words * 3
-        if i % 5 == 0:
-            words = words * 6
-        out.append(" ".join(words))
-    return out
+    """Every third repeats itself (lookup food), every fifth is longer than the batch."""
+    return word_prompts(n, seed, repeat_every=3, long_times=6)
 
 
 def engine(model: Model, kind: str, draft_max: int = 3, adaptive: bool = False, p_min: float = 0.0) -> Engine:

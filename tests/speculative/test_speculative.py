@@ -17,25 +17,15 @@ from localflash.speculative.sampling import SamplingParams
 from localflash.speculative.stats import Stats
 from localflash.formats.dflash_gguf import DFlashSpec
 from localflash.testing.tiny import TinySpec, write_dflash, write_target
+from localflash.testing.prompts import word_prompts
 
 N_CTX = 1024
 # equality is claimed in exact mode (--exact): a row's logits do not depend on its batch (tests/llama/test_exact.py)
 EXACT_MODEL, EXACT_CTX = exact_options(True, "llama")
-WORDS = "the river a garden of quiet stone light and paper over nine silver hills where we".split()
 
 
 def prompts(n: int, seed: int = 0) -> list[str]:
-    """Deterministic prompts; every fourth one repeats itself (n-gram food), some are long."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        words = list(rng.choice(WORDS, size=int(rng.integers(3, 12))))
-        if i % 4 == 0:
-            words = words * 3
-        if i % 5 == 0:
-            words = words * 8  # crosses the small n_batch used below
-        out.append(" ".join(words))
-    return out
+    return word_prompts(n, seed)
 
 
 def generate(model: Model, tokens, n, make_drafter=None, sampling=None, draft_max=None, adaptive=False, n_batch=64):
