@@ -85,6 +85,7 @@ class LLMInfo:
     threads: int  # CPU threads asked for (0: automatic)
     rollback: str  # how the target cache takes back rejected drafts: kv | snapshot | replay
     plan: Any = None  # the memory plan it loaded with (:class:`localflash.plan.fit.Plan`); None without one
+    thinking: bool = False  # the chat template has a thinking switch (``thinking=`` / enable_thinking)
 
 
 class LLM:
@@ -122,6 +123,7 @@ class LLM:
             threads=getattr(cfg, "threads", 0),
             rollback=self.engine.ctx.rollback_path,
             plan=getattr(self.engine, "plan", None),
+            thinking=self.session.can_think,
         )
 
     def off_reason(self) -> str | None:

@@ -84,6 +84,7 @@ def startup_screen(llm, host: str, port: int, api_key: str | None, queue: int) -
         drafter += f", draft ≤ {info.draft_max}" + (", adaptive" if info.adaptive else ", fixed")
     lines = [
         f"localflash serve — OpenAI-compatible API at {url}/v1",
+        f"  chat     {url}/ in a browser",
         f"  model    {info.name}" + (f" (pair {info.pair})" if info.pair and info.pair != info.name else ""),
         f"  target   {info.target}",
         f"  drafter  {drafter}",
@@ -99,7 +100,7 @@ def startup_screen(llm, host: str, port: int, api_key: str | None, queue: int) -
     lines += [
         f"  queue    {queue} waiting at most (then 503 + Retry-After); threads {info.threads or 'auto'}",
         f"  auth     {'Bearer API key required' if api_key else 'none (--api-key KEY to require one)'}",
-        f"  routes   POST /v1/chat/completions, /v1/completions; GET /v1/models, /health, /metrics, /docs",
+        f"  routes   POST /v1/chat/completions, /v1/completions; GET /v1/models, /v1/localflash/info, /health, /metrics, /docs",
         f"  try      curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
         f"-d '{{\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'",
         "  Ctrl-C stops the server",

@@ -24,9 +24,10 @@ from localflash.serve.errors import APIError, error_from, install_error_handlers
 from localflash.serve.messages import chat_request, check_common, completion_request
 from localflash.serve.metrics import Metrics
 from localflash.serve.replies import ChatReply, CompletionReply, finish_reason, new_id, provenance, timings
+from localflash.serve.web import PAGE_PATHS, add_web
 from localflash.serve.worker import Job, QueueFull, Worker
 
-OPEN_PATHS = {"/health", "/v1/health", "/v1/models", "/models", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+OPEN_PATHS = {"/health", "/v1/health", "/v1/models", "/models", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", *PAGE_PATHS}
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": S.ErrorResponse, "description": "Bad request (validation, unsupported field, prompt too long)"},
     401: {"model": S.ErrorResponse, "description": "Missing or wrong API key"},
@@ -229,6 +230,7 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
         return app.openapi_schema
 
     app.openapi = openapi
+    add_web(app, llm, worker.max_queue)  # the chat page at / and its model card
     started = int(time.time())
     return app
 

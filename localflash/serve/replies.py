@@ -53,8 +53,9 @@ def provenance(chunk) -> dict:
     ``chars[i]``: characters token i added to the reply's text (before stop-string holdback);
     the first ``accepted`` tokens are accepted drafts, the rest the target's own; ``drafted``:
     draft tokens proposed. Over a reply they sum to timings' draft_n_accepted, draft_n, predicted_n.
+    ``phase``: think | answer after this chunk (a template may open the thinking block itself).
     """
-    return {"localflash": {"drafted": chunk.drafted, "accepted": chunk.accepted, "chars": chunk.token_chars}}
+    return {"localflash": {"drafted": chunk.drafted, "accepted": chunk.accepted, "chars": chunk.token_chars, "phase": chunk.phase}}
 
 
 def finish_reason(last, has_calls: bool) -> str:
