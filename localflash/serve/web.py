@@ -1,6 +1,6 @@
 """The chat page at ``/`` and the model card it reads, ``GET /v1/localflash/info``.
 
-The page is three hand-written files in ``static/`` (no build step, nothing
+The page is hand-written files in ``static/`` (HTML, CSS, three JS modules; no build step, nothing
 fetched from elsewhere: a Content-Security-Policy keeps it to this origin). It
 talks to the server only through ``POST /v1/chat/completions`` (streamed; the
 optional ``localflash`` field of each chunk says which tokens were accepted
@@ -21,8 +21,9 @@ from pydantic import BaseModel, Field
 from localflash import __version__
 
 STATIC = Path(__file__).with_name("static")
-FILES = {"/": ("index.html", "text/html; charset=utf-8"), "/app.js": ("app.js", "text/javascript; charset=utf-8"),
-         "/style.css": ("style.css", "text/css; charset=utf-8")}
+JS = "text/javascript; charset=utf-8"
+FILES = {"/": ("index.html", "text/html; charset=utf-8"), "/style.css": ("style.css", "text/css; charset=utf-8"),
+         "/app.js": ("app.js", JS), "/reply.js": ("reply.js", JS), "/markdown.js": ("markdown.js", JS)}
 PAGE_PATHS = frozenset(FILES)  # served without the API key (the page asks for it)
 HEADERS = {
     "Cache-Control": "no-cache",

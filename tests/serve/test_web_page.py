@@ -27,7 +27,8 @@ from playwright.sync_api import sync_playwright  # noqa: E402
 
 PROMPT = "Write a short Python function that checks whether a number is prime."
 DEMO = ("--pair", "demo", "-t", "1", "--fixed", "--draft-max", "4")
-PAGE_REQUESTS = {("GET", "/"), ("GET", "/app.js"), ("GET", "/style.css"), ("GET", "/v1/localflash/info"), ("POST", "/v1/chat/completions")}
+PAGE_REQUESTS = {("GET", p) for p in ("/", "/style.css", "/app.js", "/reply.js", "/markdown.js", "/v1/localflash/info")} | {
+    ("POST", "/v1/chat/completions")}
 ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
 DRAFTED = "llamacpp:spec_decode_num_draft_tokens_total"
 PREDICTED = "llamacpp:tokens_predicted_total"
@@ -189,7 +190,8 @@ def test_esc_stops_the_server_within_a_cycle_and_drafting_off_drafts_nothing(dem
         box.press("Enter")
         reply = tab.last_reply()
         after = counters(demo_server)
-        assert [e.inner_text() for e in tab.page.query_selector_all(".msg.user .body")] == [PROMPT]  # the edit replaced the turn
+        turns = tab.page.evaluate("() => window.localflashPage.state.turns.map(t => [t.role, t.content || t.reply.state])")
+        assert [e.inner_text() for e in tab.page.query_selector_all(".msg.user .body")] == [PROMPT], turns  # the edit replaced the turn
         assert len(tab.page.query_selector_all(".msg.assistant")) == 1
         assert tab.bodies[-1]["speculative.n_max"] == 0 and tab.bodies[-1]["messages"] == [{"role": "user", "content": PROMPT}]
         assert after[DRAFTED] == before[DRAFTED] and after[ACCEPTED] == before[ACCEPTED]
