@@ -86,18 +86,80 @@ class LLMInfo:
     rollback: str  # how the target cache takes back rejected drafts: kv | snapshot | replay
     plan: Any = None  # the memory plan it loaded with (:class:`localflash.plan.fit.Plan`); None without one
     thinking: bool = False  # the chat template has a thinking switch (``thinking=`` / enable_thinking)
+    slots: int = 1  # parallel slots (requests decoded together); n_ctx is each slot's share
 
 
 class LLM:
     """A loaded target (+ drafter) with its cache; see the module docstring."""
 
     def __init__(self, engine, config=None, name: str | None = None, draft: str = "on"):
-        self.engine = engine
+        # parallel slots (a SlotPool): one session per slot; the LLM's own calls use slot 0
+        self.pool = engine if hasattr(engine, "slots") else None
+        engines = self.pool.slots if self.pool is not None else [engine]
+        self.engine = engines[0]
         self.target = engine.target
         self.config = config
         self.name = name or (getattr(config, "pair", None) or Path(self.target.path).stem)
-        self.session = Session(engine, draft_mode=draft)
+        self.sessions = [Session(e, draft_mode=draft) for e in engines]
+        self.session = self.sessions[0]
         self._closed = False
+
+    @property
+    def n_slots(self) -> int:
+        """Requests this LLM decodes together (``parallel``); 1: one at a time."""
+        return len(self.sessions)
+
+    def slots(self) -> list[dict]:
+        """What each slot is doing now (state, tokens, τ); one idle slot without parallel slots."""
+        if self.pool is not None:
+            return self.pool.describe()
+        st = self.session.active.stats if self.session.active is not None else None
+        return [{"id": 0, "state": "idle" if st is None else "decoding", "n_cached": self.session.n_cached, "n_ctx": self.n_ctx,
+                 "drafter": self.drafter, **({"generated": st.generated, "tau": round(st.tau, 3)} if st is not None else {})}]
+
+    def generate_batch(self, prompts: list, *, stream: bool = False, **kw) -> list[Completion]:
+        """Completions of several prompts decoded together, in the order given (options: see :meth:`start`).
+
+        Raw prompts by default, as :meth:`generate`; messages lists go through the template.
+        Up to ``n_slots`` run at once, the rest wait for a free slot. Each result equals
+        what the prompt gives alone (greedy; or with the same seed).
+        """
+        import queue as queue_mod
+        import threading
+
+        if stream:
+            raise LocalflashError("generate_batch returns whole completions; stream each prompt with start(..., slot=i)")
+        self._check_open()
+        kw.setdefault("raw", True)
+        gens_in = [(i, p) for i, p in enumerate(prompts)]
+        for _, p in gens_in:  # every check before any decoding
+            if kw["raw"] and not isinstance(p, str):
+                raise LocalflashError("generate_batch takes string prompts (or messages with raw=False)")
+        todo: queue_mod.Queue = queue_mod.Queue()
+        for item in gens_in:
+            todo.put(item)
+        results: list = [None] * len(prompts)
+        errors: list = []
+
+        def run(slot: int) -> None:
+            while not errors:
+                try:
+                    i, p = todo.get_nowait()
+                except queue_mod.Empty:
+                    return
+                try:
+                    results[i] = self.start(p, slot=slot, **kw).completion()
+                except BaseException as e:  # noqa: BLE001 (raised below, in the caller's thread)
+                    errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(min(self.n_slots, len(prompts)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
 
     @property
     def n_ctx(self) -> int:
@@ -122,8 +184,9 @@ class LLM:
             adaptive=policy.adaptive,
             threads=getattr(cfg, "threads", 0),
             rollback=self.engine.ctx.rollback_path,
-            plan=getattr(self.engine, "plan", None),
+            plan=getattr(self.pool or self.engine, "plan", None),
             thinking=self.session.can_think,
+            slots=self.n_slots,
         )
 
     def off_reason(self) -> str | None:
@@ -152,7 +215,7 @@ class LLM:
             start_on = float(verdict.get("speedup", 1.0)) >= 1.0
         if self.session.active is not None:
             self.session.active.close()
-        self.session = Session(self.engine, draft_mode=draft or self.session.draft_mode, gate=PhaseGate(start_on=start_on))
+        self.session = self.sessions[0] = Session(self.engine, draft_mode=draft or self.session.draft_mode, gate=PhaseGate(start_on=start_on))
         thinking = thinking if self.session.can_think else None
         return Conversation(self.session, system=system, thinking=thinking, max_tokens=max_tokens)
 
@@ -160,21 +223,41 @@ class LLM:
         self, prompt_or_messages, *, max_tokens: int | None = 256, temperature: float = 0.0, top_k: int = 40, top_p: float = 1.0,
         min_p: float = 0.0, seed: int | None = None, stop: list[str] | str | None = None, tools: list[dict] | None = None,
         system: str | None = None, raw: bool = False, thinking: bool | None = None, cancel=None, sampling=None,
-        draft_max: int | None = None,
+        draft_max: int | None = None, slot: int | None = None,
     ) -> Generation:
         """Check and render the request and return its :class:`~localflash.session.Generation`.
 
         Every check happens here, before any token is decoded: bad values raise
         LocalflashError, a prompt that does not fit raises ContextOverflow.
         ``draft_max`` caps this request's draft length (0: plain decoding); None: the loaded drafter's.
+        ``slot``: which parallel slot runs it (0 .. n_slots-1; None: slot 0); one request per slot at a time.
         """
         self._check_open()
+        session = self._session(slot)
         if sampling is None:
             sampling = sampling_params(temperature, top_k, top_p, min_p, seed)
         if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
             raise LocalflashError("tools must be a list of dicts (OpenAI function specs)")
-        tokens, text = self.session.encode(prompt_or_messages, system=system, raw=raw, thinking=thinking, tools=tools)
-        return self.session.start(tokens, text, max_tokens=max_tokens, sampling=sampling, stop=stop, cancel=cancel, draft_max=draft_max)
+        tokens, text = session.encode(prompt_or_messages, system=system, raw=raw, thinking=thinking, tools=tools)
+        return session.start(tokens, text, max_tokens=max_tokens, sampling=sampling, stop=stop, cancel=cancel, draft_max=draft_max)
+
+    def slot_for(self, prompt_or_messages, free: list[int], *, system: str | None = None, raw: bool = False,
+                 thinking: bool | None = None, tools: list[dict] | None = None, **_request) -> int:
+        """Of the ``free`` slots, the one whose cache shares the longest prefix with this prompt (ties: the first)."""
+        if len(free) == 1 or self.pool is None:
+            return free[0]
+        try:
+            tokens, _ = self.session.encode(prompt_or_messages, system=system, raw=raw, thinking=thinking, tools=tools)
+        except LocalflashError:
+            return free[0]  # start() reports what is wrong with the request
+        return max(free, key=lambda i: (self.sessions[i].cached_prefix(tokens), -i))
+
+    def _session(self, slot: int | None) -> Session:
+        if slot is None:
+            return self.session
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.n_slots:
+            raise LocalflashError(f"slot must be in 0..{self.n_slots - 1}, got {slot!r}")
+        return self.sessions[slot]
 
     def stream(self, prompt_or_messages, **kw) -> Iterator[Chunk]:
         """Chunks as they decode; the last one has ``finish_reason`` set. Options: see :meth:`start`.
@@ -210,9 +293,10 @@ class LLM:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            if self.session.active is not None:
-                self.session.active.close()
-            self.engine.close()
+            for session in self.sessions:
+                if session.active is not None:
+                    session.active.close()
+            (self.pool or self.engine).close()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -47,6 +47,7 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
     "n_gpu_layers": LoadOption(int, -1, ("--n-gpu-layers", "-ngl"), "Target layers on the GPU (-1: all)."),
     "kv": LoadOption(Optional[str], None, ("--kv",), "KV cache type: f16, q8_0, q4_0."),
     "exact": LoadOption(bool, False, ("--exact",), "Byte-exact greedy on CPU: speculative output == plain output at any thread count (slower verify)."),
+    "parallel": LoadOption(int, 1, (), "Parallel slots: requests decoded together, each with 1/N of the context (serve --parallel, bench --parallel)."),
     # Python API only
     "vram": LoadOption(Optional[str], None, (), 'VRAM budget override, e.g. "24GiB" (default: detected).'),
     "gpus": LoadOption(Optional[str], None, (), 'Cards by index ("0,1") or by size ("24GiB,24GiB").'),
@@ -77,6 +78,7 @@ class RunConfig:
     vram: str | None = _default("vram")  # budget override, e.g. "24GiB" (default: detected)
     gpus: str | None = _default("gpus")  # "0,1" or "24GiB,24GiB"
     exact: bool = _default("exact")  # byte-exact greedy on CPU: see engine.exact_options()
+    parallel: int = _default("parallel")  # slots decoded together (speculative/slots.py); 1: one request at a time
 
 
 def config_from_options(**options) -> RunConfig:
@@ -125,6 +127,14 @@ def config_from(pair: str | None, target: str | None, drafter: str | None, **fla
     if cfg.exact and cfg.draft_max is not None and cfg.draft_max + 1 > EXACT_MAX_ROWS:
         raise LocalflashError(f"--exact verifies at most {EXACT_MAX_ROWS} rows at once, so --draft-max must be at most "
                               f"{EXACT_MAX_ROWS - 1}, got {cfg.draft_max}")
-    if cfg.ctx < 16:
-        raise LocalflashError(f"-c/--ctx must be at least 16, got {cfg.ctx}")
+    return check_parallel(cfg)
+
+
+def check_parallel(cfg: RunConfig) -> RunConfig:
+    """Refuse a slot count out of range or a context too small to share among the slots."""
+    if not 1 <= cfg.parallel <= 64:
+        raise LocalflashError(f"--parallel must be in 1..64, got {cfg.parallel}")
+    if cfg.ctx < 16 * cfg.parallel:
+        raise LocalflashError(f"-c/--ctx must be at least 16 per slot, got {cfg.ctx} for {cfg.parallel} slot(s)",
+                              hint="raise -c/--ctx or lower --parallel")
     return cfg

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from localflash.archs import DRAFT_MAX, LOOKUP, MODEL_DRAFTERS, RECURRENT_ARCHS, SYNTHETIC, base_kind, kind_of_drafter_arch
-from localflash.config import RunConfig
+from localflash.config import EXACT_MAX_ROWS, RunConfig
 from localflash.errors import LocalflashError
 
 # weight types ggml's CPU backend multiplies by 2+ rows with llamafile's sgemm and by one row with vec_dot
@@ -82,7 +82,7 @@ def ensure_drafter_file(cfg: RunConfig) -> Path | None:
 
 
 def open_engine(cfg: RunConfig, target=None):
-    """Load target and drafter and return an Engine (caller closes it).
+    """Load target and drafter and return an Engine (caller closes it); with ``cfg.parallel`` > 1 a SlotPool.
 
     ``target``: an already loaded target Model to share (``bench`` runs one context per mode on it).
     """
@@ -131,13 +131,16 @@ def open_engine(cfg: RunConfig, target=None):
         d = kw["drafter"] or {}
         drafter_model = Model(drafter_path, ModelOptions(n_gpu_layers=d.get("n_gpu_layers", -1), split_mode=0, main_gpu=d.get("main_gpu", 0)))
     n_rs = plan.n_rs_seq  # the plan prices it; a hybrid target's verify cut goes back at most max_draft
+    n_seq = max(1, cfg.parallel)
     ctx = Context(
         target,
         ContextOptions(
             n_ctx=plan.n_ctx,
             n_batch=plan.n_batch,
             n_ubatch=plan.n_ubatch,
-            n_outputs_max=max(max_draft + 1, 1),
+            n_outputs_max=min(n_seq * max(max_draft + 1, 1), plan.n_batch),
+            n_seq_max=n_seq,
+            kv_unified=False,  # one KV stream per slot: each sequence's cells lie as they would in a context of its own
             n_threads=cfg.threads,
             type_k=plan.type_k,
             type_v=plan.type_v,
@@ -145,7 +148,17 @@ def open_engine(cfg: RunConfig, target=None):
             **exact_ctx,
         ),
     )
-    drafter_ctx = min(plan.drafter_n_ctx or plan.n_ctx, plan.n_ctx)  # no drafter file (MTP, n-gram): the target's
+    drafter_ctx = min(plan.drafter_n_ctx or plan.n_ctx, ctx.n_ctx_seq)  # no drafter file (MTP, n-gram): the target's
+    if n_seq > 1:  # parallel slots: a drafter instance per slot, sharing the drafter's weights
+        from localflash.speculative.slots import SlotPool
+
+        drafters = [make_drafter(spec, target, ctx, drafter_model if i == 0 or drafter_model is None else SharedModel(drafter_model),
+                                 n_ctx=drafter_ctx, max_draft=max_draft, threads=cfg.threads, p_min=cfg.p_min, kv=plan.type_k)
+                    for i in range(n_seq)]
+        pool = SlotPool(target, ctx, [d or _no_drafter() for d in drafters], adaptive=cfg.adaptive, draft_max=max_draft,
+                        max_rows=EXACT_MAX_ROWS if cfg.exact else None, n_ubatch=plan.n_ubatch)
+        pool.plan = plan
+        return pool
     drafter = make_drafter(spec, target, ctx, drafter_model, n_ctx=drafter_ctx, max_draft=max_draft, threads=cfg.threads,
                            p_min=cfg.p_min, kv=plan.type_k)
     engine = Engine(target, ctx, drafter, adaptive=cfg.adaptive, draft_max=max_draft)
@@ -155,6 +168,25 @@ def open_engine(cfg: RunConfig, target=None):
 
         sys.stderr.write(f"localflash: target cache rollback: {ctx.describe_rollback()}\n")
     return engine
+
+
+class SharedModel:
+    """A drafter model lent to another slot's drafter: everything but ``close`` (its owner closes it)."""
+
+    def __init__(self, model):
+        self._model = model
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def close(self) -> None:
+        pass
+
+
+def _no_drafter():
+    from localflash.speculative.drafter import Drafter
+
+    return Drafter()
 
 
 def default_draft_max(kind: str) -> int:
@@ -223,7 +255,7 @@ def plan_for(cfg: RunConfig, drafter_path: Path | None, max_draft: int, mtp: boo
     t_meta = read_meta(check_gguf(cfg.target))
     d_meta = read_meta(check_gguf(drafter_path)) if drafter_path else None
     chosen = devices.select_gpus(devices.detect(), vram=cfg.vram, gpus=cfg.gpus)
-    wishes = Wishes(ctx=cfg.ctx, kv=cfg.kv, n_draft=max(max_draft, 1), mtp=mtp)
+    wishes = Wishes(ctx=cfg.ctx, kv=cfg.kv, n_draft=max(max_draft, 1), mtp=mtp, n_seq=max(1, cfg.parallel))
     return make_plan(t_meta, d_meta, chosen, devices.host_memory(), wishes)
 
 

@@ -203,6 +203,12 @@ class Session:
         if not tokens:
             raise LocalflashError("the prompt is empty")
         if len(tokens) >= self.n_ctx:
+            pool = getattr(self.engine, "pool", None)
+            if pool is not None:  # a parallel slot: its share of the context
+                raise ContextOverflow(len(tokens), self.n_ctx,
+                                      message=f"the prompt has {len(tokens)} tokens but one slot holds {self.n_ctx} "
+                                              f"(the context is shared by {pool.n_slots} slots)",
+                                      hint="shorten the prompt, or restart with a larger -c/--ctx or a smaller --parallel")
             raise ContextOverflow(len(tokens), self.n_ctx)
         if max_tokens is None:
             max_tokens = self.n_ctx - len(tokens)
@@ -283,7 +289,8 @@ class Generation:
             st.stop = "cancelled"
             yield self._finish("")
             return
-        gen = eng.generate(self.prompt, self.max_tokens, self.sampling, st, self.draft_max)
+        on_pool = {"cancel": self.cancel} if getattr(eng, "pool", None) is not None else {}  # a parallel slot stops before its next step
+        gen = eng.generate(self.prompt, self.max_tokens, self.sampling, st, self.draft_max, **on_pool)
         last: list[int] = []
         chars: list[int] = []
         tail = ""

@@ -17,14 +17,20 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port", help="TCP port (0: any free one, printed at startup)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LOCALFLASH_API_KEY", help="Require Authorization: Bearer KEY."),
-    queue: int = typer.Option(16, "--queue", help="Requests that may wait while one runs; more get 503 + Retry-After."),
+    queue: int = typer.Option(16, "--queue", help="Requests that may wait while every slot is busy; more get 503 + Retry-After."),
+    parallel: int = typer.Option(4, "--parallel", "-np", help="Parallel slots: requests decoded together, each with 1/N of -c/--ctx (1: one at a time)."),
 ):
     """Serve the model over an OpenAI-compatible HTTP API (chat, completions, tools, SSE, /metrics)."""
     from localflash.api import open_llm
     from localflash.serve import require_stack, serve as run_server
 
     require_stack()
-    llm = open_llm(load.config())
+    from dataclasses import replace
+
+    from localflash.config import check_parallel
+
+    cfg = load.config()
+    llm = open_llm(check_parallel(replace(cfg, parallel=parallel)))
     try:
         run_server(llm, host=host, port=port, api_key=api_key, queue=queue)
     finally:

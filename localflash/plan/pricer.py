@@ -62,10 +62,10 @@ class Pricer:
         self.t, self.d, self.gpus, self.host, self.w = target, drafter, gpus, host, wishes
         rs = wishes.n_draft if wishes.n_rs_seq is None else wishes.n_rs_seq
         self.n_rs_seq = rs if target.is_hybrid else 0
-        self.n_outputs = wishes.n_draft + 1
+        self.n_outputs = min(max(1, wishes.n_seq) * (wishes.n_draft + 1), wishes.n_batch)
         self.layer_bytes = target.layer_bytes
         self.expert_bytes = target.expert_bytes
-        self.rs = recurrent_bytes_per_layer(target, self.n_rs_seq)
+        self.rs = recurrent_bytes_per_layer(target, self.n_rs_seq, wishes.n_seq)
         self.biggest_matmul = [0] * target.n_layer_all  # per block: largest 2-D/3-D weight, and largest expert weight
         self.biggest_expert = [0] * target.n_layer_all
         for tensor in target.tensors:

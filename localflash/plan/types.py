@@ -17,6 +17,7 @@ class Wishes:
     n_draft: int = 8  # longest draft verified in one batch
     n_rs_seq: int | None = None  # recurrent-state snapshots of a hybrid target; None: n_draft (rollback of a full draft)
     mtp: bool = False  # draft with the target's own MTP block (load_mtp, an MTP context); ignored without nextn layers
+    n_seq: int = 1  # parallel slots: recurrent state per sequence, verify outputs for every slot's rows
     n_batch: int = 512
     n_ubatch: int = 512
     drafter_ctx_cap: int | None = 32768  # None: inherit the target's context, as llama.cpp does

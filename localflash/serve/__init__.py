@@ -97,10 +97,15 @@ def startup_screen(llm, host: str, port: int, api_key: str | None, queue: int) -
             line += f"; drafter on {where}"
         lines.append(line)
         lines += [f"  plan     {c.setting} = {c.value}: {c.reason}" for c in plan.changes]
+    slots = f"  slots    {info.slots} × {info.n_ctx} tokens (one sequence each, decoded together)"
+    if plan is not None:
+        kv = sum(d.target_kv for d in plan.devices) + plan.host.target_kv
+        slots += f"; target KV {kv / 2**20:.0f} MiB in all, {kv / 2**20 / max(1, info.slots):.0f} MiB a slot"
     lines += [
+        slots,
         f"  queue    {queue} waiting at most (then 503 + Retry-After); threads {info.threads or 'auto'}",
         f"  auth     {'Bearer API key required' if api_key else 'none (--api-key KEY to require one)'}",
-        f"  routes   POST /v1/chat/completions, /v1/completions; GET /v1/models, /v1/localflash/info, /health, /metrics, /docs",
+        f"  routes   POST /v1/chat/completions, /v1/completions; GET /v1/models, /v1/localflash/info, /health, /metrics, /slots, /docs",
         f"  try      curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
         f"-d '{{\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'",
         "  Ctrl-C stops the server",

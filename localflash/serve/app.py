@@ -217,7 +217,13 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus():
         running, queued = worker.depth()
-        return PlainTextResponse(metrics.render(running, queued), media_type="text/plain; version=0.0.4")
+        text = metrics.render(running, queued, worker.n_slots, worker.busy_time())
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.get("/slots")
+    async def slots():
+        """What each slot is doing (llama-server's /slots): state, tokens cached and generated, τ."""
+        return llm.slots()
 
     def openapi() -> dict:
         """FastAPI's schema without its default 422 responses: validation errors are 400 here."""

@@ -9,7 +9,7 @@ vLLM uses for the same quantities, so either dashboard reads them.
 from __future__ import annotations
 
 import threading
-from collections import Counter
+from collections import Counter, deque
 
 from localflash.api import Stats
 
@@ -32,9 +32,12 @@ class Metrics:
         self.finished: Counter[str] = Counter()
         self.errors: Counter[int] = Counter()
         self.rejected_full = 0
+        self.recent: deque = deque(maxlen=100)  # (slot, decode tok/s, τ) of the last requests
 
-    def record(self, st: Stats, prompt_tokens: int, cached_tokens: int, finish_reason: str) -> None:
+    def record(self, st: Stats, prompt_tokens: int, cached_tokens: int, finish_reason: str, slot: int = 0) -> None:
         with self.lock:
+            if st.generated and st.t_decode > 0:
+                self.recent.append((slot, st.generated / st.t_decode, st.tau))
             self.prompt_tokens += max(0, prompt_tokens - cached_tokens)
             self.cached_tokens += cached_tokens
             self.prompt_seconds += st.t_prefill
@@ -58,7 +61,7 @@ class Metrics:
             if status == 503:
                 self.rejected_full += 1
 
-    def render(self, running: int, queued: int) -> str:
+    def render(self, running: int, queued: int, slots: int = 1, busy_seconds: float = 0.0) -> str:
         with self.lock:
             lines: list[str] = []
 
@@ -101,6 +104,16 @@ class Metrics:
             for i, status in enumerate(sorted(self.errors)):
                 metric(lf + "errors_total", "counter", "Error responses by HTTP status", self.errors[status], {"status": status}, header=i == 0)
             metric(lf + "rejected_queue_full_total", "counter", "Requests answered 503 because the queue was full", self.rejected_full)
+            metric(lf + "slots", "gauge", "Parallel slots (requests decoded together)", slots)
+            metric(lf + "slots_busy", "gauge", "Slots running a request now", running)
+            metric(lf + "busy_seconds_total", "counter", "Wall time with at least one request running", busy_seconds)
+            agg = self.predicted_tokens / busy_seconds if busy_seconds > 0 else 0.0
+            metric(lf + "aggregate_tokens_per_second", "gauge", "Generated tokens over busy wall time (all slots together)", agg)
+            rates = sorted(r for _, r, _ in self.recent)
+            for i, q in enumerate((0.5, 0.9)):
+                value = rates[min(len(rates) - 1, int(q * len(rates)))] if rates else 0.0
+                metric(lf + "request_tokens_per_second", "gauge", "Per-request decode throughput over the last 100 requests",
+                       value, {"quantile": q}, header=i == 0)
             return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,8 @@
-"""One worker thread owns the one LLM; requests wait in a bounded FIFO queue.
+"""Worker threads drive the one LLM, one per slot; requests wait in a bounded FIFO queue.
+
+With one slot (``--parallel 1``) one thread serves one request at a time. With N
+slots (the LLM's ``n_slots``) thread i runs requests on slot i; the LLM's slot pool
+decodes every running request in each target pass, so N requests progress together.
 
 The HTTP side (asyncio) submits a :class:`Job` and reads its events from an
 asyncio queue: ``("started", None)`` once the request passed every check
@@ -71,36 +75,53 @@ class Job:
 class Worker:
     def __init__(self, llm, max_queue: int, metrics: Metrics, log: Callable[[str], None] | None = None):
         self.llm = llm
+        self.n_slots = getattr(llm, "n_slots", 1)
         self.max_queue = max_queue
         self.metrics = metrics
         self.log = log or _log
         self.jobs: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
         self.waiting = 0
-        self.running: Job | None = None
+        self.slots: dict[int, Job] = {}  # slot -> the job running on it
         self.mean_seconds = 1.0  # moving average of a request's service time (Retry-After)
-        self.thread = threading.Thread(target=self._loop, name="localflash-worker", daemon=True)
+        self.busy_since: float | None = None  # some slot has been busy since then
+        self.busy_seconds = 0.0  # wall time with at least one request running (aggregate throughput)
+        self.threads = [threading.Thread(target=self._loop, args=(i,), name=f"localflash-worker-{i}", daemon=True)
+                        for i in range(self.n_slots)]
+        self.thread = self.threads[0]
+
+    @property
+    def running(self) -> Job | None:
+        """A running job (the only one with one slot)."""
+        return next(iter(self.slots.values()), None)
 
     def start(self) -> None:
-        self.thread.start()
+        for t in self.threads:
+            t.start()
 
     def submit(self, job: Job) -> None:
         with self.lock:
-            if self.waiting >= self.max_queue and (self.running is not None or self.waiting):
-                raise QueueFull(max(1, math.ceil(self.mean_seconds * (self.waiting + 1))))
+            if self.waiting >= self.max_queue and len(self.slots) + self.waiting >= self.n_slots:
+                per_slot = self.mean_seconds * (self.waiting + 1) / self.n_slots
+                raise QueueFull(max(1, math.ceil(per_slot)))
             self.waiting += 1
         self.jobs.put(job)
 
     def depth(self) -> tuple[int, int]:
         """(running, queued)."""
         with self.lock:
-            return int(self.running is not None), self.waiting
+            return len(self.slots), self.waiting
+
+    def busy_time(self) -> float:
+        """Seconds during which at least one request was running (so far)."""
+        with self.lock:
+            return self.busy_seconds + (time.perf_counter() - self.busy_since if self.busy_since is not None else 0.0)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Cancel what runs and waits, end the thread."""
+        """Cancel what runs and waits, end the threads."""
         with self.lock:
-            if self.running is not None:
-                self.running.cancel.set()
+            for job in self.slots.values():
+                job.cancel.set()
         while True:
             try:
                 job = self.jobs.get_nowait()
@@ -111,25 +132,34 @@ class Worker:
                     self.waiting -= 1
                 job.cancel.set()
                 job.emit(("error", LocalflashError("the server is shutting down")))
-        self.jobs.put(None)
-        if self.thread.is_alive():
-            self.thread.join(timeout)
+        for _ in self.threads:
+            self.jobs.put(None)
+        for t in self.threads:
+            if t.is_alive():
+                t.join(timeout)
 
-    def _loop(self) -> None:
+    def _loop(self, thread: int) -> None:
         while True:
             job = self.jobs.get()
             if job is None:
                 return
-            with self.lock:
+            with self.lock:  # one thread per slot: a free slot exists; take the one whose cache fits this prompt best
                 self.waiting -= 1
-                self.running = job
+                free = [i for i in range(self.n_slots) if i not in self.slots]
+                slot = self.llm.slot_for(job.prompt, free, **job.params) if self.n_slots > 1 else 0
+                self.slots[slot] = job
+                if self.busy_since is None:
+                    self.busy_since = time.perf_counter()
             try:
-                self._serve(job)
+                self._serve(job, slot)
             finally:
                 with self.lock:
-                    self.running = None
+                    del self.slots[slot]
+                    if not self.slots and self.busy_since is not None:
+                        self.busy_seconds += time.perf_counter() - self.busy_since
+                        self.busy_since = None
 
-    def _serve(self, job: Job) -> None:
+    def _serve(self, job: Job, slot: int = 0) -> None:
         if job.cancel.is_set():
             job.emit(("done", None))
             self.log(f"#{job.id} {job.kind}: client left while queued, skipped")
@@ -138,7 +168,8 @@ class Worker:
         last = None
         outcome = ""
         try:
-            gen = self.llm.stream(job.prompt, cancel=job.cancel, **job.params)  # checks everything before decoding
+            on = {"slot": slot} if self.n_slots > 1 else {}
+            gen = self.llm.stream(job.prompt, cancel=job.cancel, **job.params, **on)  # checks everything before decoding
             job.cancel.live = getattr(gen, "stats", None)
             job.emit(("started", None))
             for chunk in gen:
@@ -161,8 +192,9 @@ class Worker:
             self.log(f"#{job.id} {job.kind}: {outcome or 'no output'} ({dt:.2f} s)")
             return
         st, reason = last.stats, last.finish_reason or "stop"
-        self.metrics.record(st, last.prompt_tokens, last.cached_tokens, reason)
-        line = (f"#{job.id} {job.kind}: prompt {last.prompt_tokens} tok (cached {last.cached_tokens}), "
+        self.metrics.record(st, last.prompt_tokens, last.cached_tokens, reason, slot)
+        where = f" slot {slot}" if self.n_slots > 1 else ""
+        line = (f"#{job.id}{where} {job.kind}: prompt {last.prompt_tokens} tok (cached {last.cached_tokens}), "
                 f"generated {st.generated} tok @ {st.decode_tps:.1f} tok/s")
         if st.drafter != "none":
             line += f", {st.drafter} τ {st.tau:.2f} ({st.accepted}/{st.drafted})"

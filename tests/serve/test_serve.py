@@ -187,7 +187,7 @@ def test_client_closing_its_stream_stops_generation_within_a_cycle(tiny_server):
 
 
 def test_queue_full_answers_503_with_retry_after(tiny_target, tmp_path):
-    s = Server(tmp_path / "server.log", "-m", tiny_target, "--spec", "none", "-c", "4096", "--queue", "1")
+    s = Server(tmp_path / "server.log", "-m", tiny_target, "--spec", "none", "-c", "4096", "--queue", "1", "--parallel", "1")
     try:
         client = s.client()
         long = client.chat.completions.create(model="target", messages=[{"role": "user", "content": PROMPT}],

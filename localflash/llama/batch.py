@@ -1,0 +1,60 @@
+"""A reusable ``llama_batch``: token or embedding rows, positions, output flags and sequence ids."""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from localflash.llama.bindings import lib
+
+
+class Batch:
+    """A reusable ``llama_batch`` with NumPy views onto its arrays.
+
+    Every row starts in sequence 0 with one sequence id; :meth:`set_seqs` puts rows in other
+    sequences, or one row in several (up to ``n_seq_max``: a token shared by tree branches).
+    """
+
+    def __init__(self, capacity: int, embd_width: int = 0, n_seq_max: int = 1):
+        L = lib()
+        self.capacity = capacity
+        self.width = embd_width
+        self.n_seq_max = n_seq_max
+        self.raw = L.llama_batch_init(capacity, embd_width, n_seq_max)
+        self.close = weakref.finalize(self, L.llama_batch_free, self.raw)
+        if embd_width:
+            self.embd = np.ctypeslib.as_array(self.raw.embd, shape=(capacity, embd_width))
+        else:
+            self.token = np.ctypeslib.as_array(self.raw.token, shape=(capacity,))
+        self.pos = np.ctypeslib.as_array(self.raw.pos, shape=(capacity,))
+        self.logits = np.ctypeslib.as_array(self.raw.logits, shape=(capacity,))
+        self.n_seq_id = np.ctypeslib.as_array(self.raw.n_seq_id, shape=(capacity,))
+        self.n_seq_id[:] = 1
+        for i in range(capacity):
+            self.raw.seq_id[i][0] = 0
+        self._seq = np.zeros(capacity, np.int64)  # each row's (first) sequence id as set, to skip unchanged rows
+        self._multi = False  # some row lists more than one sequence
+
+    def set_seqs(self, seqs, start: int = 0) -> None:
+        """Row ``start + i`` belongs to sequence ``seqs[i]`` (an int) or to every id of ``seqs[i]`` (a list)."""
+        if self._multi:
+            self.n_seq_id[:] = 1
+            self._multi = False
+        for i, s in enumerate(seqs, start):
+            if isinstance(s, (list, tuple)):
+                if not 1 <= len(s) <= self.n_seq_max:
+                    raise ValueError(f"row {i} lists {len(s)} sequences; the batch was made for 1..{self.n_seq_max}")
+                for j, x in enumerate(s):
+                    self.raw.seq_id[i][j] = x
+                self.n_seq_id[i] = len(s)
+                self._seq[i] = -1
+                self._multi = self._multi or len(s) > 1
+            elif self._seq[i] != s:
+                self.raw.seq_id[i][0] = s
+                self._seq[i] = s
+
+    def reset_seqs(self, n: int) -> None:
+        """Rows ``0..n-1`` back in sequence 0 (what one-sequence decodes expect)."""
+        if self._multi or self._seq[:n].any():
+            self.set_seqs([0] * n)

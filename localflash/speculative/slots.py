@@ -1,0 +1,388 @@
+"""Parallel slots: N requests on one target context, every active one in each target decode.
+
+A :class:`SlotPool` owns a target context made for N sequences and one
+:class:`SlotEngine` per slot. A slot engine is an :class:`~localflash.speculative.loop.Engine`
+on a :class:`~localflash.llama.sequences.SeqView` (sequence i of the shared context) with its
+own drafter instance, draft policy and cached tokens, so the session layer (stop strings,
+phases, cancel) runs on it unchanged; only its ``generate`` differs: it hands the request to
+the pool's thread and yields what that thread commits for it.
+
+The pool's thread alternates between letting one waiting request in (its prompt prefilled
+on its own sequence, chunked as a one-slot engine chunks it) and a *step*: every active
+slot drafts ``min(k, its limit)`` tokens (``k`` chosen for the step as a whole by
+:class:`~localflash.speculative.step_policy.StepPolicy`), one ``llama_decode`` carries
+``[last] + draft`` of every slot (just ``[last]`` where k is 0), each slot's rows are
+verified exactly as in the one-stream loop (``verify_block``), and each slot's caches are
+cut back: first the cuts that need no decode (KV tails, recurrent snapshots, right after
+the decode that made them), then those that restore a recurrent checkpoint and replay.
+A finished or cancelled request frees its slot at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+import time
+import traceback
+
+from localflash.errors import LocalflashError
+from localflash.llama.sequences import SeqView, decode_views
+from localflash.speculative.loop import Engine, verify_block
+from localflash.speculative.sampling import Sampler
+from localflash.speculative.stats import Stats
+from localflash.speculative.step_policy import StepPolicy
+
+
+class _Request:
+    def __init__(self, prompt, max_tokens, sampling, draft_max, cancel=None):
+        self.cancel = cancel  # a threading.Event the caller may set: the request ends before the next step
+        self.prompt = prompt
+        self.max_tokens = max_tokens
+        self.sample = Sampler(sampling)
+        self.draft_max = draft_max
+        self.stats = Stats()
+        self.out: queue.Queue = queue.Queue()
+        self.cancelled = False
+        self.idle = threading.Event()  # set once the pool let go of the request (its slot is consistent)
+        self.state = "waiting"  # waiting | decode
+        self.history: list[int] = []
+        self.last = -1
+        self.t_start = 0.0
+        self.counts0: dict = {}
+
+    def emit(self, kind: str, value=None) -> None:
+        self.out.put((kind, value, copy.deepcopy(self.stats)))
+
+
+class SlotEngine(Engine):
+    """One slot: an Engine on its sequence of the pool's context; requests run on the pool's thread."""
+
+    def __init__(self, pool: "SlotPool", index: int, target, view: SeqView, drafter, adaptive: bool, draft_max):
+        super().__init__(target, view, drafter, adaptive, draft_max)
+        self.pool = pool
+        self.index = index
+        self.calibrated = True  # the pool measures step costs (StepPolicy), not each slot
+        self.request: _Request | None = None
+
+    def generate(self, prompt, max_tokens, sampling=None, stats=None, draft_max=None, cancel=None):
+        st = stats if stats is not None else Stats()
+        if not prompt:
+            raise LocalflashError("the prompt is empty")
+        if len(prompt) >= self.ctx.n_ctx:
+            raise LocalflashError(
+                f"the prompt has {len(prompt)} tokens but a slot holds {self.ctx.n_ctx}",
+                hint="raise -c/--ctx, lower --parallel or shorten the prompt",
+            )
+        req = _Request(list(prompt), max_tokens, sampling, draft_max, cancel)
+        self.pool.submit(self, req)
+        try:
+            while True:
+                kind, value, snap = req.out.get()
+                self.pool.wake()  # the pool steps a slot again once its last tokens were taken
+                st.__dict__.update(snap.__dict__)
+                if kind == "tokens":
+                    yield value
+                elif kind == "error":
+                    raise value
+                else:
+                    return
+        finally:
+            req.cancelled = True  # a no-op once done; else the pool ends it at the next step boundary
+            self.pool.wake()
+            while not req.idle.wait(0.5) and self.pool.alive:
+                pass
+
+    def _prefill(self, prompt, st):
+        return self.pool.call(lambda: Engine._prefill(self, prompt, st))
+
+    def reset(self) -> None:
+        self.pool.call(lambda: Engine.reset(self))
+
+
+class SlotPool:
+    """N slots on one target context; see the module docstring."""
+
+    def __init__(self, target, ctx, drafters: list, adaptive: bool = True, draft_max: int | None = None,
+                 max_rows: int | None = None, n_ubatch: int = 512):
+        self.target = target
+        self.ctx = ctx
+        self.slots = [SlotEngine(self, i, target, SeqView(ctx, i, n_ubatch), d, adaptive, draft_max) for i, d in enumerate(drafters)]
+        top = self.slots[0].policy.max_draft
+        rows = min(ctx.n_batch, ctx.n_outputs_max, max_rows or ctx.n_batch)
+        self.policy = StepPolicy(top, adaptive, rows)
+        self.calibrated = not (adaptive and top)
+        self.steps = 0
+        self.rows_decoded = 0
+        self._calls: list = []
+        self._joining: list[SlotEngine] = []
+        self._cv = threading.Condition()
+        self._closing = False
+        self.alive = True
+        self._thread = threading.Thread(target=self._loop, name="localflash-slots", daemon=True)
+        self._thread.start()
+
+    @property
+    def n_slots(self) -> int:
+        return len(self.slots)
+
+    # -- the callers' side (any thread) ------------------------------------------
+    def submit(self, slot: SlotEngine, req: _Request) -> None:
+        with self._cv:
+            if not self.alive:
+                raise LocalflashError("the slot pool is closed")
+            if slot.request is not None:
+                raise LocalflashError(f"slot {slot.index} is busy")
+            slot.request = req
+            self._joining.append(slot)
+            self._cv.notify()
+
+    def call(self, fn):
+        """Run ``fn`` on the pool's thread between steps and return its result (or raise its error)."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        box: dict = {}
+        done = threading.Event()
+        with self._cv:
+            if not self.alive:
+                raise LocalflashError("the slot pool is closed")
+            self._calls.append((fn, box, done))
+            self._cv.notify()
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    def wake(self) -> None:
+        with self._cv:
+            self._cv.notify()
+
+    def describe(self) -> list[dict]:
+        """What each slot is doing (read without stopping the pool: figures are a moment's)."""
+        out = []
+        for s in self.slots:
+            req = s.request
+            st = req.stats if req is not None else None
+            d = {"id": s.index, "state": "idle" if req is None else ("prefill" if req.state == "waiting" else "decoding"),
+                 "n_cached": len(s.tokens), "n_ctx": s.ctx.n_ctx, "drafter": s.drafter.name if s.policy.max_draft else "none"}
+            if st is not None:
+                d.update(prompt_tokens=len(req.prompt), generated=st.generated, max_tokens=req.max_tokens, tau=round(st.tau, 3),
+                         drafted=st.drafted, accepted=st.accepted, t_prefill=round(st.t_prefill, 4),
+                         t_decode=round(time.perf_counter() - req.t_start, 4) if req.t_start else 0.0)
+            out.append(d)
+        return out
+
+    def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        self._thread.join(30)
+        for s in reversed(self.slots):  # slot 0's drafter owns the shared drafter model: closed last
+            s.drafter.close()
+        self.ctx.close()
+
+    # -- the pool's thread ----------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not (self._calls or self._joining or self._ready() or self._closing or self._cancelled()):
+                        self._cv.wait()
+                    if self._closing:
+                        break
+                    calls, self._calls = self._calls, []
+                for fn, box, done in calls:
+                    try:
+                        box["value"] = fn()
+                    except BaseException as e:  # noqa: BLE001 (handed to the caller)
+                        box["error"] = e
+                    done.set()
+                self._reap()
+                if self._joining:
+                    with self._cv:
+                        slot = self._joining.pop(0)
+                    self._guarded([slot], lambda: self._admit(slot))
+                active = self._ready()
+                if active:
+                    self._guarded(active, lambda: self._step(active))
+        finally:
+            with self._cv:
+                self.alive = False
+                calls, self._calls = self._calls, []
+            for s in self.slots:
+                if s.request is not None:
+                    self._finish(s, error=LocalflashError("the server is shutting down"))
+            for _fn, box, done in calls:
+                box["error"] = LocalflashError("the slot pool is closed")
+                done.set()
+
+    def _ready(self) -> list[SlotEngine]:
+        """Decoding slots whose caller took everything emitted so far (a slow reader holds back only its own slot)."""
+        return [s for s in self.slots if s.request is not None and s.request.state == "decode" and s.request.out.empty()]
+
+    def _cancelled(self) -> bool:
+        return any(s.request is not None and (s.request.cancelled or (s.request.cancel is not None and s.request.cancel.is_set()))
+                   for s in self.slots)
+
+    def _guarded(self, slots, fn) -> None:
+        """Run ``fn``; on an error, end these slots' requests with it and forget their caches."""
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            if not isinstance(e, LocalflashError):
+                traceback.print_exc()
+            for s in slots:
+                if s.request is not None:
+                    self._finish(s, error=e)
+                try:
+                    Engine.reset(s)
+                except Exception:  # noqa: BLE001 (the cache is gone either way)
+                    s.tokens.clear()
+
+    def _reap(self) -> None:
+        for s in self.slots:
+            req = s.request
+            if req is not None and (req.cancelled or (req.cancel is not None and req.cancel.is_set())):
+                with self._cv:
+                    if s in self._joining:
+                        self._joining.remove(s)
+                self._finish(s)
+
+    def _finish(self, slot: SlotEngine, error: Exception | None = None) -> None:
+        req = slot.request
+        st = req.stats
+        if req.t_start:
+            st.t_decode = time.perf_counter() - req.t_start
+            view = slot.ctx
+            st.rollback = view.rollback_path
+            st.snapshot_rollbacks += view.counts["snapshot"] - req.counts0["snapshot"]
+            st.checkpoint_restores += view.counts["restore"] - req.counts0["restore"]
+        slot.request = None
+        if error is not None:
+            req.emit("error", error)
+        else:
+            req.emit("done")
+        req.idle.set()
+
+    def _calibrate(self, slot: SlotEngine) -> None:
+        """Time decodes of 1 .. max_rows rows on ``slot``'s empty sequence (once), then drop them."""
+        view = slot.ctx
+        n = self.n_slots
+        sizes = sorted({1, 2, n, 2 * n, *(n * (k + 1) for k in (1, 2, 4, 8, 16) if k <= self.policy.max_draft),
+                        n * (self.policy.max_draft + 1)})
+        sizes = [s for s in sizes if s <= min(self.policy.max_rows, view.n_ctx - 1)]
+        Engine.reset(slot)
+        for size in sizes:
+            best = float("inf")
+            for _ in range(2):
+                t = time.perf_counter()
+                view.decode([self.target.bos] * size, 0, "all")
+                view.logits(0)
+                best = min(best, time.perf_counter() - t)
+                view.clear()
+            self.policy.record(size, best)
+        self.calibrated = True
+
+    def _admit(self, slot: SlotEngine) -> None:
+        """Prefill the joining request's prompt on its slot and emit its first token."""
+        req = slot.request
+        if req is None or req.cancelled:
+            return
+        if not self.calibrated:
+            self._calibrate(slot)
+        st = req.stats
+        st.drafter = slot.drafter.name if slot.policy.max_draft else "none"
+        t0 = time.perf_counter()
+        req.counts0 = dict(slot.ctx.counts)
+        last = req.sample(Engine._prefill(slot, req.prompt, st))
+        st.t_prefill = time.perf_counter() - t0
+        st.prompt_tokens = len(req.prompt)
+        req.history = req.prompt + [last]
+        req.last = last
+        req.t_start = time.perf_counter()
+        if self.target.is_eog(last):
+            st.stop = "eog"
+            self._finish(slot)
+            return
+        st.generated = 1
+        req.emit("tokens", [last])
+        if st.generated >= req.max_tokens:
+            st.stop = "length"
+            self._finish(slot)
+            return
+        req.state = "decode"
+
+    def _step(self, active: list[SlotEngine]) -> None:
+        """One batched draft–verify cycle over every active slot."""
+        plans = []
+        for s in active:
+            req, n_past = s.request, len(s.tokens)
+            room = s.ctx.n_ctx - n_past - 1
+            if room < 0:
+                req.stats.stop = "context"
+                self._finish(s)
+                continue
+            cap = s.policy.max_draft if req.draft_max is None else min(req.draft_max, s.policy.max_draft)
+            limit = min(room, req.max_tokens - req.stats.generated - 1, cap)
+            if not (s.drafting and n_past + 1 + s.policy.max_draft <= s.drafter.ctx_limit):
+                limit = 0
+            plans.append([s, n_past, max(0, limit), [], 0.0])
+        if not plans:
+            return
+        k = self.policy.choose([(p[0].policy, p[2]) for p in plans])
+        for p in plans:
+            s, n_past, limit = p[0], p[1], p[2]
+            kk = min(k, limit)
+            if kk:
+                td = time.perf_counter()
+                p[3] = s.drafter.propose(s.request.history, n_past, kk)
+                p[4] = time.perf_counter() - td
+            if p[3] and s.ctx.recurrent and len(p[3]) > s.ctx.n_rs_seq:
+                s.ctx.checkpoint(transient=True)  # no snapshot reaches back (qwen3next): restore + replay on a miss
+        tv = time.perf_counter()
+        decode_views(self.ctx, [(p[0].ctx, [p[0].request.last] + p[3], p[1], bool(p[3])) for p in plans])
+        rows = sum(1 + len(p[3]) for p in plans)
+        verified = []
+        for s, n_past, _limit, draft, _td in plans:
+            new = verify_block(s.ctx, draft, s.request.sample, self.target.is_eog)
+            m = len(new) - 1
+            s.tokens += [s.request.last] + draft[:m]
+            verified.append(new)
+        t_decode = time.perf_counter() - tv
+        self.policy.record(rows, t_decode)
+        self.steps += 1
+        self.rows_decoded += rows
+        # cuts that need no decode first (right after the decode whose snapshots they use), then replays
+        order = sorted(range(len(plans)), key=lambda i: not plans[i][0].ctx.rollback_ok(len(plans[i][0].tokens)))
+        for i in order:
+            s, n_past, _limit, draft, t_draft = plans[i]
+            new, m = verified[i], len(verified[i]) - 1
+            t0 = time.perf_counter()
+            if m < len(draft):
+                s._cut(len(s.tokens))
+            t_cut = time.perf_counter() - t0
+            td = time.perf_counter()
+            s.drafter.on_target_decode(s.ctx, n_past, m + 1)
+            t_draft += time.perf_counter() - td
+            self._commit(s, draft, new, t_decode + t_cut, t_draft)
+
+    def _commit(self, s: SlotEngine, draft: list[int], new: list[int], t_target: float, t_draft: float) -> None:
+        req, st = s.request, s.request.stats
+        m = len(new) - 1
+        s.policy.record(len(draft), m, t_target, t_draft)
+        st.record_cycle(len(draft), m, len(new))
+        st.t_target += t_target
+        st.t_draft += t_draft
+        req.last = new[-1]
+        req.history += new
+        if self.target.is_eog(req.last):
+            new = new[:-1]
+            st.stop = "eog"
+        new = new[: req.max_tokens - st.generated]
+        st.generated += len(new)
+        if new:
+            req.emit("tokens", new)
+        if not st.stop and st.generated >= req.max_tokens:
+            st.stop = "length"
+        if st.stop:
+            self._finish(s)

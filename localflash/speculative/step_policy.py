@@ -1,0 +1,88 @@
+"""One draft length for a whole batched step of several slots.
+
+In a step every active slot's rows go through one target decode, so a longer draft
+for one slot costs every slot the time of its extra rows. The step therefore picks
+one length k (each slot drafts ``min(k, its own limit)``) that maximises
+
+    sum over slots of E_s(k)  /  (verify(rows(k)) + sum over slots of draft_s(k))
+
+where ``E_s`` is the slot's expected committed tokens (its own acceptance, from its
+:class:`~localflash.speculative.adapt.DraftPolicy`), ``rows(k)`` the rows the step
+decodes, ``verify`` the measured seconds of a decode of that many rows (all slots
+together) and ``draft_s`` the slot's measured drafting time. k = 0 is plain batched
+decoding; drafting must promise MARGIN more tokens per second than it before it is
+chosen, so the aggregate with drafting does not fall below plain batched decoding.
+While off it probes now and then (doubling waits), as the one-stream policy does.
+"""
+
+from __future__ import annotations
+
+from localflash.speculative.adapt import MARGIN, PROBE_EVERY, PROBE_MAX, CostTable
+
+
+class StepPolicy:
+    """Chooses the step's draft length from per-slot acceptance and measured step costs."""
+
+    def __init__(self, max_draft: int, adaptive: bool = True, max_rows: int = 1 << 30):
+        self.max_draft = max_draft
+        self.adaptive = adaptive
+        self.max_rows = max_rows  # rows one decode may carry (n_batch, outputs, exact mode's limit)
+        self.verify = CostTable()  # seconds of a decode, by its total rows
+        self.cycles_off = 0
+        self.probe_wait = PROBE_EVERY
+        self.probing = False
+        self.last_choice = 0
+
+    @staticmethod
+    def rows(limits: list[int], k: int) -> int:
+        return sum(1 + min(k, lim) for lim in limits)
+
+    def choose(self, slots: list[tuple[object, int]]) -> int:
+        """The step's draft length; ``slots``: (the slot's DraftPolicy, its own limit) per active slot."""
+        limits = [lim for _, lim in slots]
+        top = max([0] + limits)
+        top = min(top, self.max_draft)
+        while top and self.rows(limits, top) > self.max_rows:
+            top -= 1
+        if top == 0:
+            self.last_choice = 0
+            return 0
+        if not self.adaptive:
+            self.last_choice = top
+            return top
+        best, best_score = 0, -1.0
+        floor = 0.0
+        for k in range(top + 1):
+            v = self.verify(self.rows(limits, k))
+            if v is None:
+                self.last_choice = top  # nothing measured yet: try the full length once
+                return top
+            cost = v
+            expected = 0.0
+            for policy, lim in slots:
+                kk = min(k, lim)
+                expected += policy.expected_tokens(kk)
+                if kk:
+                    cost += policy.draft(kk if policy.draft_cost_grows else 1) or 0.0
+            floor = cost = max(cost, floor)  # a longer draft never costs less
+            if cost <= 0:
+                continue
+            score = expected / cost
+            if k == 0:
+                best_score = score * (1.0 + MARGIN)
+            elif score > best_score:
+                best, best_score = k, score
+        if best == 0:
+            if self.probing:
+                self.probe_wait = min(PROBE_MAX, 2 * self.probe_wait)
+            self.probing = False
+            self.cycles_off += 1
+            if self.cycles_off >= self.probe_wait:
+                self.cycles_off, self.probing, best = 0, True, min(2, top)
+        else:
+            self.cycles_off, self.probe_wait, self.probing = 0, PROBE_EVERY, False
+        self.last_choice = best
+        return best
+
+    def record(self, rows: int, seconds: float) -> None:
+        self.verify.add(rows, seconds)

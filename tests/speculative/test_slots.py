@@ -1,0 +1,94 @@
+"""Parallel slots are lossless: every reply equals the same request served alone, for every drafter kind.
+
+Configuration: exact mode (``exact=True``: batch-invariant CPU numerics, see engine.exact_options)
+at one thread, and one KV stream per slot (engine.open_engine: ``kv_unified=False``), so a row's
+logits do not depend on which other sequences share its batch. Each check runs
+``localflash.testing.slots`` in a subprocess (exact mode is per process): requests run
+concurrently from threads on the slots of one LLM (more requests than slots: later ones join
+between steps), one stream is cancelled mid-way, and each reply is compared token for token with
+a one-slot LLM's reply (greedy, and sampled with the same seed). ``fixed`` drafting makes every
+step draft, so every step verifies and cuts each slot's cache (KV tails, recurrent snapshots,
+checkpoint + replay on qwen3next).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from localflash.api import load
+from localflash.errors import ContextOverflow
+from localflash.testing.tiny import (DFlash2Spec, DFlashSpec, Eagle3Spec, HybridSpec, TinySpec, write_dflash, write_dflash2,
+                                     write_eagle3, write_hybrid, write_target)
+
+WORDS = "the clam river stone quiet light north seven garden market paper window cold bright".split()
+
+
+@pytest.fixture(scope="module")
+def files(tiny_dir, tiny_target, tiny_qwen35, tiny_qwen35_mtp_agree, tiny_qwen3next):
+    return {
+        "none": (tiny_target, None),
+        "ngram": (tiny_target, None),
+        "draft": (tiny_target, write_target(tiny_dir / "slots-draft.gguf", TinySpec(n_layer=4, seed=0, noise=0.1))),
+        "dflash": (tiny_target, write_dflash(tiny_dir / "slots-dflash.gguf", DFlashSpec(target_layers=[1, 2, 3], block_size=8))),
+        "dflash2": (tiny_target, write_dflash2(tiny_dir / "slots-dflash2.gguf", DFlash2Spec(target_layers=[1, 2, 3]))),
+        "eagle3": (tiny_target, write_eagle3(tiny_dir / "slots-eagle3.gguf", Eagle3Spec(echo=4.0, fc_scale=0.3))),
+        "qwen35-none": (tiny_qwen35, None),
+        "qwen35-ngram": (tiny_qwen35, None),
+        "qwen35-draft": (tiny_qwen35, write_hybrid(tiny_dir / "slots-q35-draft.gguf", HybridSpec(seed=3, noise=0.1))),
+        "qwen35-mtp": (tiny_qwen35_mtp_agree, None),
+        "qwen35-dflash": (tiny_qwen35, write_dflash(tiny_dir / "slots-q35-dflash.gguf", DFlashSpec(target_layers=[1, 3, 5], block_size=8, seed=5))),
+        "qwen3next-ngram": (tiny_qwen3next, None),
+    }
+
+
+def _options(files, kind: str) -> dict:
+    target, drafter = files[kind]
+    spec = kind.split("-")[-1].replace("dflash2", "dflash")
+    return dict(model=str(target), drafter=str(drafter) if drafter else None, spec=spec, exact=True, threads=1, ctx=2048,
+                fixed=True, draft_max=4)
+
+
+def _check(opts: dict, slots: int, cases: tuple[str, ...]) -> dict:
+    run = subprocess.run([sys.executable, "-m", "localflash.testing.slots", json.dumps({**opts, "slots": slots, "cases": list(cases)})],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+KINDS = ["none", "ngram", "draft", "dflash", "dflash2", "eagle3",
+         "qwen35-none", "qwen35-ngram", "qwen35-draft", "qwen35-mtp", "qwen35-dflash", "qwen3next-ngram"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_concurrent_replies_equal_solo_replies(files, kind):
+    r = _check(_options(files, kind), 4, ("sampled",))
+    assert r["n_slots"] == 4 and r["info_slots"] == 4
+    assert r["greedy"] == r["solo_greedy"]
+    assert r["sampled"] == r["solo_sampled"]
+    assert r["steps"] > 0 and r["rows"] > r["steps"]  # batched rows, and drafts verified
+    assert r["idle"]
+
+
+def test_eight_slots_and_generate_batch_equal_solo(files):
+    r = _check(_options(files, "ngram") | {"fixed": False}, 8, ("batch",))
+    assert r["greedy"] == r["solo_greedy"]
+    assert r["batch"] == [g[:16] for g in r["solo_greedy"]] * 2  # more prompts than slots
+
+
+def test_adaptive_step_policy_stays_lossless_on_a_hybrid(files):
+    r = _check(_options(files, "qwen35-mtp") | {"fixed": False}, 4, ())
+    assert r["greedy"] == r["solo_greedy"]
+
+
+def test_prompt_larger_than_a_slot_is_refused_with_the_slot_share(files):
+    opts = _options(files, "none") | {"ctx": 1024, "exact": False}
+    with load(**opts, parallel=4) as llm:
+        share = llm.n_ctx
+        assert share == 256  # 1024 tokens shared by 4 slots
+        with pytest.raises(ContextOverflow, match=f"one slot holds {share} "):
+            llm.start(" ".join(WORDS * 30), raw=True, max_tokens=4, slot=1)
+        assert llm.generate("the clam", max_tokens=4).finish_reason == "length"
