@@ -27,9 +27,10 @@ def bench(
     price_kwh: Optional[float] = typer.Option(None, "--price-kwh", help="Electricity price per kWh (needs --watts)."),
     save: bool = typer.Option(True, "--save/--no-save", help="Save the verdict for this rig and pair (used by chat --draft auto)."),
     synthetic_accept: str = typer.Option("0.6,0.8,0.95", "--synthetic-accept", help="Acceptance rates of --modes synthetic (benchmark-only oracle drafter)."),
+    parallel: int = typer.Option(1, "--parallel", "-np", help="Slots decoding together: aggregate tok/s of plain batched decoding and each mode (1: the one-stream bench)."),
 ):
     """Plain vs speculative decoding on the same prompts, interleaved; table, histogram, verdict."""
-    import json
+    from dataclasses import replace
 
     from rich.console import Console
 
@@ -62,6 +63,17 @@ def bench(
     to_stdout = json_out == "-"
     out = Console(stderr=to_stdout, highlight=False)
     err = Console(stderr=True)
+    if parallel != 1:
+        from localflash.bench.parallel import print_parallel_report, run_parallel_bench
+        from localflash.config import check_parallel
+
+        check_parallel(replace(cfg, parallel=parallel))
+        plain_first = ["none"] + [m for m in mode_list if m != "none"]
+        report = run_parallel_bench(cfg, plain_first, plist, max_tokens, params, parallel, raw=raw, console=err)
+        print_parallel_report(report, out)
+        if json_out:
+            _write_json(report, json_out)
+        return
     report = run_bench(
         cfg, mode_list, set_name, plist, max_tokens, params, raw=raw, ctx_given=load.ctx is not None,
         watts=watts, price=price_kwh, repeat=repeat, console=err,
@@ -71,9 +83,15 @@ def bench(
         path = save_verdict(report["verdict"])
         out.print(f"[dim]verdict saved to {path}[/]")
     if json_out:
-        text = json.dumps(report, indent=1)
-        if to_stdout:
-            sys.stdout.write(text + "\n")
-        else:
-            with open(json_out, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
+        _write_json(report, json_out)
+
+
+def _write_json(report: dict, json_out: str) -> None:
+    import json
+
+    text = json.dumps(report, indent=1)
+    if json_out == "-":
+        sys.stdout.write(text + "\n")
+    else:
+        with open(json_out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")

@@ -183,3 +183,15 @@ def test_bench_flag_errors(lf, tiny_target, prompt_file, args, message):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and message in errors[0]
+
+
+def test_bench_parallel_reports_aggregate_throughput_per_mode(lf, tiny_target, tiny_dflash, prompt_file):
+    r = lf("bench", "-m", tiny_target, "--drafter", tiny_dflash, "--modes", "dflash,ngram", "--prompts", prompt_file, "--limit", "2",
+           "-n", "12", "-t", "1", "--parallel", "4", "--json", "-", "--no-save")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["slots"] == 4 and [m["mode"] for m in report["modes"]] == ["none", "dflash", "ngram"]
+    for m in report["modes"]:
+        assert m["generated"] > 0 and m["aggregate_tok_s"] > 0 and m["per_stream_tok_s"] > 0
+        assert m["requests"] == report["modes"][0]["requests"]
+    assert "aggregate tok/s" in r.stderr
