@@ -191,7 +191,8 @@ def test_esc_stops_the_server_within_a_cycle_and_drafting_off_drafts_nothing(dem
         reply = tab.last_reply()
         after = counters(demo_server)
         turns = tab.page.evaluate("() => window.localflashPage.state.turns.map(t => [t.role, t.content || t.reply.state])")
-        assert [e.inner_text() for e in tab.page.query_selector_all(".msg.user .body")] == [PROMPT], turns  # the edit replaced the turn
+        sent = [b["messages"] for b in tab.bodies]
+        assert [e.inner_text() for e in tab.page.query_selector_all(".msg.user .body")] == [PROMPT], (turns, sent)  # the edit replaced the turn
         assert len(tab.page.query_selector_all(".msg.assistant")) == 1
         assert tab.bodies[-1]["speculative.n_max"] == 0 and tab.bodies[-1]["messages"] == [{"role": "user", "content": PROMPT}]
         assert after[DRAFTED] == before[DRAFTED] and after[ACCEPTED] == before[ACCEPTED]

@@ -441,7 +441,11 @@ function init() {
   });
   $("clear-btn").onclick = clearChat;
   $("settings-btn").onclick = () => { fillSettings(); $("settings").showModal(); };
-  $("settings").addEventListener("close", () => { readSettings(); input.focus(); });
+  $("settings").addEventListener("close", () => {
+    readSettings();
+    // back to the message box from where the dialog returned focus, never from an edit begun since
+    if ([null, document.body, $("settings-btn")].includes(document.activeElement)) input.focus();
+  });
   $("settings-reset").onclick = () => { state.settings = { ...DEFAULTS }; fillSettings(); };
   $("side-btn").onclick = () => setSide(!document.body.classList.contains("side-open"));
   $("model-chip").onclick = () => { setSide(true); $("model-h").scrollIntoView({ block: "nearest" }); };
