@@ -33,8 +33,8 @@ HEADERS = {
 
 
 class Slots(BaseModel):
-    decoding: int = Field(1, description="Requests decoded at once (one engine, one request at a time).")
-    queue: int = Field(..., description="Requests that may wait while one runs (then 503 + Retry-After).")
+    parallel: int = Field(..., description="Requests decoded together (--parallel), each with n_ctx tokens of context.")
+    queue: int = Field(..., description="Requests that may wait while every slot is busy (then 503 + Retry-After).")
 
 
 class Info(BaseModel):
@@ -48,7 +48,7 @@ class Info(BaseModel):
     drafter_file: str | None = None
     draft_max: int = Field(..., description="Longest draft per cycle (0: plain decoding).")
     adaptive: bool = Field(..., description="The draft length follows measured acceptance and costs.")
-    n_ctx: int
+    n_ctx: int = Field(..., description="Context of each slot.")
     threads: int = Field(..., description="CPU threads asked for (0: automatic).")
     thinking: bool = Field(..., description="The chat template has a thinking switch (chat_template_kwargs.enable_thinking).")
     slots: Slots
@@ -60,7 +60,7 @@ def info(llm, queue: int) -> dict:
     return {
         "id": i.name, "version": __version__, "pair": i.pair, "target": str(i.target), "drafter": i.drafter,
         "drafter_file": str(i.drafter_file) if i.drafter_file else None, "draft_max": i.draft_max, "adaptive": i.adaptive,
-        "n_ctx": i.n_ctx, "threads": i.threads, "thinking": i.thinking, "slots": {"decoding": 1, "queue": queue},
+        "n_ctx": i.n_ctx, "threads": i.threads, "thinking": i.thinking, "slots": {"parallel": i.slots, "queue": queue},
         "plan": json.loads(i.plan.to_json()) if i.plan is not None else None,
     }
 

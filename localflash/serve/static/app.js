@@ -95,8 +95,8 @@ function renderModel() {
     ["target", basename(i.target), i.target],
     ["drafter", i.drafter === "none" ? "none (plain decoding)" : i.drafter + (i.drafter_file ? ` · ${basename(i.drafter_file)}` : ""), i.drafter_file || ""],
     ["draft length", i.draft_max ? `≤ ${i.draft_max}, ${i.adaptive ? "adaptive" : "fixed"}` : "–"],
-    ["context", `${i.n_ctx.toLocaleString("en")} tokens`],
-    ["slots", `${i.slots.decoding} decoding, ${i.slots.queue} may wait`],
+    ["context", `${i.n_ctx.toLocaleString("en")} tokens${i.slots.parallel > 1 ? " a slot" : ""}`],
+    ["slots", `${i.slots.parallel} decoded together, ${i.slots.queue} may wait`],
     ["threads", i.threads || "auto"],
   ];
   const p = i.plan;
