@@ -34,6 +34,9 @@ from localflash.speculative.stats import Stats
 from localflash.speculative.step_policy import StepPolicy
 
 
+BACKLOG = 8  # emits a slot may run ahead of its reader; a cancel is seen by the pool itself before every step
+
+
 class _Request:
     def __init__(self, prompt, max_tokens, sampling, draft_max, cancel=None):
         self.cancel = cancel  # a threading.Event the caller may set: the request ends before the next step
@@ -52,7 +55,9 @@ class _Request:
         self.counts0: dict = {}
 
     def emit(self, kind: str, value=None) -> None:
-        self.out.put((kind, value, copy.deepcopy(self.stats)))
+        snap = copy.copy(self.stats)  # the figures as of this emit (the pool goes on updating its own)
+        snap.accept_hist, snap.pos_tries, snap.pos_hits = list(snap.accept_hist), list(snap.pos_tries), list(snap.pos_hits)
+        self.out.put((kind, value, snap))
 
 
 class SlotEngine(Engine):
@@ -75,6 +80,8 @@ class SlotEngine(Engine):
                 hint="raise -c/--ctx, lower --parallel or shorten the prompt",
             )
         req = _Request(list(prompt), max_tokens, sampling, draft_max, cancel)
+        if cancel is not None and hasattr(cancel, "live"):
+            cancel.live = req.stats  # the pool's own figures (the caller's copy lags by the emits not read yet)
         self.pool.submit(self, req)
         try:
             while True:
@@ -217,8 +224,8 @@ class SlotPool:
                 done.set()
 
     def _ready(self) -> list[SlotEngine]:
-        """Decoding slots whose caller took everything emitted so far (a slow reader holds back only its own slot)."""
-        return [s for s in self.slots if s.request is not None and s.request.state == "decode" and s.request.out.empty()]
+        """Decoding slots whose caller is at most BACKLOG emits behind (a slow reader holds back only its own slot)."""
+        return [s for s in self.slots if s.request is not None and s.request.state == "decode" and s.request.out.qsize() < BACKLOG]
 
     def _cancelled(self) -> bool:
         return any(s.request is not None and (s.request.cancelled or (s.request.cancel is not None and s.request.cancel.is_set()))

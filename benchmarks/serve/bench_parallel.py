@@ -1,0 +1,141 @@
+"""Concurrent streams against `localflash serve`: slots (--parallel N) vs the FIFO server (--parallel 1), per drafter.
+
+For each mode (``none`` = plain, then each drafter) two real servers on loopback: the FIFO
+server (``--parallel 1``) and the slot server (``--parallel SLOTS``). For each stream count
+S (1, 2, 4, 8) S real `openai` clients send REQUESTS chat requests each, greedy, all at once.
+Aggregate tok/s = completion tokens of all S streams / wall time of the run; per-stream tok/s =
+a request's completion tokens / its latency as the client sees it (queueing included, which is
+where the FIFO server loses), averaged. ``same`` counts replies equal to the FIFO server's reply
+to the same request (with --exact every one must be; ``--check`` then fails on a difference).
+The 1-minute load average is recorded before each figure: the machine may be shared.
+
+    .venv/bin/python benchmarks/serve/bench_parallel.py --pair demo --modes none,ngram,dflash --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import openai
+
+from localflash.testing.serve import LiveServer
+
+TOPICS = ["the sea", "a mountain", "bread", "a library", "rain", "a city at night", "bicycles", "tea",
+          "a lighthouse", "winter", "a market", "trains", "an old clock", "the moon", "gardens", "a river"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pair", default="demo")
+    ap.add_argument("--modes", default="none,ngram,dflash")
+    ap.add_argument("--streams", default="1,2,4,8")
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=2, help="requests each stream sends, one after the other")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", default="2")
+    ap.add_argument("--ctx", type=int, default=8192, help="the slot server's context (each slot: ctx / slots); the FIFO server gets one slot's share")
+    ap.add_argument("--exact", action="store_true", help="serve with --exact (byte-exact greedy; slower)")
+    ap.add_argument("--check", action="store_true", help="fail unless every reply equals the FIFO server's (use with --exact)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    streams = [int(s) for s in args.streams.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="lf-par-"))
+    rows, problems = [], []
+    for mode in args.modes.split(","):
+        base = ["--pair", args.pair, "--spec", mode, "-t", args.threads] + (["--exact"] if args.exact else [])
+        reference: dict[tuple[int, int, int], str] = {}
+        for parallel in (1, args.slots):
+            ctx = args.ctx // args.slots * (1 if parallel == 1 else args.slots)
+            server = LiveServer(*base, "-c", str(ctx), "--parallel", str(parallel), "--queue", "64",
+                                log=work / f"{mode}-{parallel}.log")
+            try:
+                client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600)
+                _chat(client, server.model, "Say hello.", 8)  # warm-up (and the slot pool's calibration)
+                for s in streams:
+                    load = os.getloadavg()[0]
+                    replies, wall = _run(server, s, args.requests, args.max_tokens)
+                    tokens = sum(n for _, n, _ in replies.values())
+                    per_stream = sum(n / t for _, n, t in replies.values() if t > 0) / len(replies)
+                    same = None
+                    if parallel == 1:
+                        reference.update({(s, *k): text for k, (text, _, _) in replies.items()})
+                    else:
+                        same = sum(reference.get((s, *k)) == text for k, (text, _, _) in replies.items())
+                        if args.check and same != len(replies):
+                            problems.append(f"{mode} at {s} streams: {len(replies) - same} replies differ from the FIFO server's")
+                    row = {"mode": mode, "server": "fifo" if parallel == 1 else f"slots{parallel}", "streams": s,
+                           "requests": len(replies), "tokens": tokens, "wall_s": round(wall, 2),
+                           "aggregate_tok_s": round(tokens / wall, 1), "per_stream_tok_s": round(per_stream, 1),
+                           "same_as_fifo": same, "load_1min": round(load, 2)}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            finally:
+                server.stop()
+    print(markdown(rows, args))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"settings": vars(args), "rows": rows}, indent=1) + "\n")
+    for p in problems:
+        print("FAIL", p, file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _chat(client, model: str, prompt: str, max_tokens: int) -> tuple[str, int]:
+    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=max_tokens)
+    return r.choices[0].message.content or "", r.usage.completion_tokens
+
+
+def _run(server, n_streams: int, n_requests: int, max_tokens: int):
+    """``n_streams`` clients at once, each sending ``n_requests``; {(stream, i): (text, tokens, seconds)} and the wall time."""
+    out: dict = {}
+    errors: list = []
+
+    def stream(k: int):
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600)
+        for i in range(n_requests):
+            prompt = f"Write a short paragraph about {TOPICS[(k * n_requests + i) % len(TOPICS)]}."
+            t = time.perf_counter()
+            try:
+                text, n = _chat(client, server.model, prompt, max_tokens)
+            except Exception as e:  # noqa: BLE001 (reported)
+                errors.append(e)
+                return
+            out[(k, i)] = (text, n, time.perf_counter() - t)
+
+    threads = [threading.Thread(target=stream, args=(k,)) for k in range(n_streams)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out, time.perf_counter() - t0
+
+
+def markdown(rows: list[dict], args) -> str:
+    lines = [f"pair {args.pair}, {args.max_tokens} tokens a request, {args.requests} requests a stream, -t {args.threads}"
+             + (", --exact" if args.exact else ""),
+             "", "| mode | streams | FIFO agg tok/s | slots agg tok/s | slots / FIFO | FIFO per-stream | slots per-stream | same | load (FIFO / slots) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    by = {(r["mode"], r["server"] == "fifo", r["streams"]): r for r in rows}
+    for r in rows:
+        if r["server"] == "fifo":
+            continue
+        f = by.get((r["mode"], True, r["streams"]))
+        if f is None:
+            continue
+        lines.append(f"| {r['mode']} | {r['streams']} | {f['aggregate_tok_s']} | {r['aggregate_tok_s']} | "
+                     f"{r['aggregate_tok_s'] / f['aggregate_tok_s']:.2f}× | {f['per_stream_tok_s']} | {r['per_stream_tok_s']} | "
+                     f"{r['same_as_fifo']}/{r['requests']} | {f['load_1min']} / {r['load_1min']} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
