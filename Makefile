@@ -10,7 +10,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 LLAMA_VERSION := 0.3.36
-CMAKE_FLAGS := $(shell CUDA=$(CUDA) CUDA_ARCH=$(CUDA_ARCH) bash scripts/cmake_flags.sh)
+CMAKE_FLAGS := $(shell CUDA=$(CUDA) CUDA_ARCH=$(CUDA_ARCH) RPC=$(RPC) bash scripts/cmake_flags.sh)
 FLAGS_KEY   := $(shell echo "$(CMAKE_FLAGS)" | sha1sum | cut -c1-12)
 WHEEL_DIR   ?= $(HOME)/.cache/localflash/wheels/$(FLAGS_KEY)
 STAMP       := $(VENV)/.installed-$(FLAGS_KEY)

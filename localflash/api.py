@@ -337,3 +337,13 @@ def sampling_params(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, seed=None):
         return SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p), min_p=float(min_p), seed=seed)
     except LocalflashError as e:  # its messages name the CLI flags
         raise LocalflashError(e.message.replace("--temp ", "temperature ").replace("--top-k", "top_k").replace("--top-p", "top_p").replace("--min-p", "min_p")) from None
+
+
+def rpc_server(host: str = "127.0.0.1", port: int = 50052, threads: int = 0, allow_remote: bool = False,
+               devices: list[str] | None = None) -> None:
+    """Lend this machine's CPU (or ``devices``) to another localflash's ``--rpc``: llama.cpp's rpc-server (blocks).
+
+    A host other than loopback needs ``allow_remote=True``: the server has no authentication."""
+    from localflash.llama.rpc_server import run
+
+    run(host, port, threads, allow_remote, devices)

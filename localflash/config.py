@@ -48,6 +48,7 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
     "kv": LoadOption(Optional[str], None, ("--kv",), "KV cache type: f16, q8_0, q4_0."),
     "exact": LoadOption(bool, False, ("--exact",), "Byte-exact greedy on CPU: speculative output == plain output at any thread count (slower verify)."),
     "parallel": LoadOption(int, 1, (), "Parallel slots: requests decoded together, each with 1/N of the context (serve --parallel, bench --parallel)."),
+    "rpc": LoadOption(Optional[str], None, ("--rpc",), "llama.cpp rpc-servers for target layers: HOST:PORT[,HOST:PORT...] (load(): a list too); trusted network only."),
     # Python API only
     "vram": LoadOption(Optional[str], None, (), 'VRAM budget override, e.g. "24GiB" (default: detected).'),
     "gpus": LoadOption(Optional[str], None, (), 'Cards by index ("0,1") or by size ("24GiB,24GiB").'),
@@ -79,6 +80,7 @@ class RunConfig:
     gpus: str | None = _default("gpus")  # "0,1" or "24GiB,24GiB"
     exact: bool = _default("exact")  # byte-exact greedy on CPU: see engine.exact_options()
     parallel: int = _default("parallel")  # slots decoded together (speculative/slots.py); 1: one request at a time
+    rpc: tuple[str, ...] = ()  # rpc-server endpoints (HOST:PORT) that hold target layers
 
 
 def config_from_options(**options) -> RunConfig:
@@ -118,6 +120,10 @@ def config_from(pair: str | None, target: str | None, drafter: str | None, **fla
         cfg.drafter = Path(drafter)
         cfg.derive = None
     cfg = replace(cfg, **given)
+    if cfg.rpc:
+        from localflash.llama.rpc_wire import parse_endpoints
+
+        cfg.rpc = tuple(parse_endpoints(cfg.rpc))
     if cfg.spec not in SPECS:
         raise LocalflashError(f"unknown --spec {cfg.spec!r}", hint=f"use one of {', '.join(SPECS)}")
     if cfg.draft_max is not None and not 0 <= cfg.draft_max <= 64:

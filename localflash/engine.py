@@ -106,8 +106,17 @@ def open_engine(cfg: RunConfig, target=None):
     if cfg.draft_max is not None:
         max_draft = min(max_draft, cfg.draft_max) if kind == "dflash" else cfg.draft_max
     check_snapshot_depth(_arch_of(cfg.target) or "", max_draft, 512)
+    from localflash.llama import rpc
+
+    if cfg.rpc:
+        rpc.add_servers(list(cfg.rpc))  # each probed first: a server that is down is one line, not llama.cpp's abort
     plan = plan_for(cfg, drafter_path if kind in MODEL_DRAFTERS else None, max_draft, mtp=kind == "mtp")
     kw = runtime_kwargs(plan)
+    target_devices = drafter_devices = None
+    if rpc.any_registered():  # llama.cpp's default list would hold every RPC device this process registered: name them
+        local = [d.name for d in rpc.local_gpus()]
+        target_devices = rpc.device_names(kw["devices"]) if kw["devices"] else local
+        drafter_devices = local  # the drafter stays on this machine (main_gpu: the plan's card for it)
     exact_model, exact_ctx = exact_options(cfg.exact, target.arch if target is not None else _arch_of(cfg.target),
                                            pad=cfg.exact and exact_row_padding(cfg.target, cfg.threads))
     if target is not None and cfg.exact and target.options.use_extra_bufts:
@@ -123,13 +132,15 @@ def open_engine(cfg: RunConfig, target=None):
                 tensor_split=kw["tensor_split"],
                 tensor_overrides=kw["tensor_buft_overrides"] or None,
                 load_mtp=kind == "mtp",
+                devices=target_devices,
                 **exact_model,
             ),
         )
     drafter_model = None
     if kind in MODEL_DRAFTERS:
         d = kw["drafter"] or {}
-        drafter_model = Model(drafter_path, ModelOptions(n_gpu_layers=d.get("n_gpu_layers", -1), split_mode=0, main_gpu=d.get("main_gpu", 0)))
+        drafter_model = Model(drafter_path, ModelOptions(n_gpu_layers=d.get("n_gpu_layers", -1), split_mode=0, main_gpu=d.get("main_gpu", 0),
+                                                         devices=drafter_devices))
     n_rs = plan.n_rs_seq  # the plan prices it; a hybrid target's verify cut goes back at most max_draft
     n_seq = max(1, cfg.parallel)
     ctx = Context(
@@ -255,6 +266,11 @@ def plan_for(cfg: RunConfig, drafter_path: Path | None, max_draft: int, mtp: boo
     t_meta = read_meta(check_gguf(cfg.target))
     d_meta = read_meta(check_gguf(drafter_path)) if drafter_path else None
     chosen = devices.select_gpus(devices.detect(), vram=cfg.vram, gpus=cfg.gpus)
+    if cfg.rpc:  # remote devices first, as llama.cpp orders them; their memory as their servers report it
+        from localflash.llama import rpc
+
+        chosen = [devices.Gpu(i, f"rpc-server {e}", d.total, d.free, e)
+                  for e in cfg.rpc for i, d in enumerate(rpc.add_servers([e]))] + chosen
     wishes = Wishes(ctx=cfg.ctx, kv=cfg.kv, n_draft=max(max_draft, 1), mtp=mtp, n_seq=max(1, cfg.parallel))
     return make_plan(t_meta, d_meta, chosen, devices.host_memory(), wishes)
 

@@ -14,6 +14,10 @@ class RollbackError(LocalflashError):
     """The runtime could not remove rejected positions; continuing would corrupt the state."""
 
 
+class EngineLost(LocalflashError):
+    """The engine's process died (llama.cpp aborts on a lost RPC connection); the server answers 503."""
+
+
 class ContextOverflow(LocalflashError):
     """A prompt that does not fit the context: ``prompt_tokens`` of ``n_ctx`` (the server answers 400)."""
 

@@ -4,6 +4,8 @@
 # decode of a quantized model then segfaults in ggml_backend_amx_mul_mat; so we
 # turn native off and name the ISA extensions this CPU really has.
 # CUDA=1 adds the CUDA backend for CUDA_ARCH (86: RTX 3090, 89: 4090, 120: 5090, 90: H100/H200).
+# RPC=1 (the default; RPC=0 leaves it out) adds llama.cpp's RPC backend (libggml-rpc: the client that
+# puts layers on other machines' rpc-server, and the server, started by `localflash rpc-server`).
 #
 # CUDA and cuBLAS: ggml-cuda links cuBLAS (CUDA::cublas, CUDA::cublasLt) and, for its VMM memory
 # pool, the driver library (CUDA::cuda_driver). A full toolkit has both. A toolkit assembled from
@@ -27,6 +29,7 @@ if has avx512f; then
   has avx512_bf16 && flags+=" -DGGML_AVX512_BF16=ON"
 fi
 has avx_vnni && flags+=" -DGGML_AVX_VNNI=ON"
+[[ "${RPC:-1}" == "1" ]] && flags+=" -DGGML_RPC=ON"
 
 cublas_dir=""
 if [[ "${CUDA:-0}" == "1" ]]; then

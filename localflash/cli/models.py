@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
 from localflash.cli.app import app, fail
@@ -78,8 +80,9 @@ def models(
 def models_check(
     name: str = typer.Argument(..., help="A pair name from `localflash models`."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    rpc: Optional[str] = typer.Option(None, "--rpc", help="Also check these rpc-servers answer: HOST:PORT[,HOST:PORT...]."),
 ):
-    """Load a pair's metadata and validate it: files, arch, vocabulary, layer ids, fused width."""
+    """Load a pair's metadata and validate it: files, arch, vocabulary, layer ids, fused width (and --rpc servers)."""
     import json
 
     from rich.console import Console
@@ -91,6 +94,11 @@ def models_check(
 
     p = get_pair(name)
     rows, ok = check_pair(p)
+    if rpc:
+        from localflash.plan.remote import parse_endpoints, rpc_check_rows
+
+        rpc_rows = rpc_check_rows(parse_endpoints(rpc))
+        rows, ok = rows + rpc_rows, ok and all(g for _, g, _ in rpc_rows)
     if json_out:
         typer.echo(json.dumps({"pair": name, "ok": ok, "checks": [{"what": w, "ok": g, "detail": d} for w, g, d in rows]}, indent=1))
     else:
@@ -98,5 +106,7 @@ def models_check(
         console.print(check_table(rows))
         console.print(Text(f"{name}: ok" if ok else f"{name}: not usable as configured", style="bold green" if ok else "bold red"))
     if not ok:
-        bad = next(d for w, g, d in rows if g is False)
+        what, bad = next((w, d) for w, g, d in rows if g is False)
+        if what.startswith("rpc-server"):
+            fail(bad, hint=next(d for w, g, d in rows if w == what + " hint"))
         fail(f"pair {name!r} failed its check: {bad}", hint="fix the pair in models.toml (see `localflash models --paths`)")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from localflash.cli.app import app
-from localflash.cli.options import DRAFT_MAX, DRAFTER, MODEL, PAIR
+from localflash.cli.options import DRAFT_MAX, DRAFTER, LOAD_FLAGS, MODEL, PAIR
 from localflash.errors import LocalflashError
 
 if TYPE_CHECKING:
@@ -34,9 +34,10 @@ def plan(
     margin: str = typer.Option("512MiB", "--margin", help="Memory left free on every card."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan and the runtime settings as JSON."),
     mtp: Optional[bool] = typer.Option(None, "--mtp/--no-mtp", help="Price drafting with the target's MTP block (default: when it has one and no drafter is given)."),
+    rpc: Optional[str] = LOAD_FLAGS["rpc"].option(),
 ):
     """Price target + drafter on your GPUs before loading: per-card table, settings, and what changed to fit."""
-    plan_command(pair, target, drafter, vram, gpus, ctx, kv, split, draft_max, margin, json_out, mtp=mtp)
+    plan_command(pair, target, drafter, vram, gpus, ctx, kv, split, draft_max, margin, json_out, mtp=mtp, rpc=rpc)
 
 
 def plan_command(
@@ -55,11 +56,13 @@ def plan_command(
     detected: list[devices.Gpu] | None = None,
     host: devices.HostMemory | None = None,
     mtp: bool | None = None,
+    rpc: str | list[str] | None = None,
 ) -> Plan:
     """Plan ``--pair NAME`` or ``--target T [--drafter D]`` and print it (``detected``/``host`` override probing).
 
     ``mtp``: price MTP drafting with the target's nextn block; None: when the target has one and no drafter is
-    given (what ``run --spec auto`` loads), or when the pair's kind is mtp."""
+    given (what ``run --spec auto`` loads), or when the pair's kind is mtp. ``rpc``: rpc-server endpoints, asked
+    for their memory over the wire; their devices come first in the split, as llama.cpp orders them."""
     from rich.console import Console
 
     from localflash.formats.gguf_meta import read_meta
@@ -91,6 +94,10 @@ def plan_command(
     d_meta = read_meta(drafter_path) if drafter_path else None
     found = devices.detect() if detected is None else detected
     chosen = devices.select_gpus(found, vram=vram, gpus=gpus)
+    if rpc:
+        from localflash.plan.remote import parse_endpoints
+
+        chosen = devices.remote_gpus(parse_endpoints(rpc)) + chosen
     if mtp is None:
         mtp = drafter_path is None and t_meta.n_layer_nextn > 0
     if mtp and not t_meta.n_layer_nextn:
@@ -106,6 +113,8 @@ def plan_command(
     plan.warnings[:0] = warnings
     if not chosen:
         plan.warnings.append("no GPU found (or nvidia-ml-py missing): planned for host RAM only")
+    if plan.traffic:
+        plan.warnings.append("rpc-server has no authentication: keep it on a trusted network")
     if json_out:
         import json
 
@@ -115,6 +124,12 @@ def plan_command(
     else:
         print_plan(plan, out)
     return plan
+
+
+def _label(row) -> str:
+    if row.remote:
+        return f"RPC {row.remote}" + (f"#{row.index}" if row.index else "")
+    return f"GPU{row.index}" if row.index is not None else "host"
 
 
 def print_plan(plan: Plan, out: Console) -> None:
@@ -131,13 +146,18 @@ def print_plan(plan: Plan, out: Console) -> None:
     for row in [*plan.devices, plan.host]:
         drafter = row.drafter_weights + row.drafter_kv + row.drafter_compute
         style = "red" if row.free < 0 else "green"
-        label = f"GPU{row.index}" if row.index is not None else "host"
+        label = _label(row)
         t.add_row(label, gib(row.target_weights), gib(row.target_kv), gib(row.target_compute), gib(drafter),
                   gib(row.overhead), gib(row.used), gib(row.budget), f"[{style}]{gib(row.free)}[/]")
     out.print(t)
     for row in [*plan.devices, plan.host]:
-        label = f"GPU{row.index} ({row.name.split(' ', 1)[-1]})" if row.index is not None else "host"
+        label = _label(row) if row.remote else f"GPU{row.index} ({row.name.split(' ', 1)[-1]})" if row.index is not None else "host"
         out.print(f"{label}: {row.layers}", style="dim")
+    if plan.traffic:
+        tr = plan.traffic
+        out.print(f"network per verify pass of {tr['rows']} tokens: {tr['round_trips']} round trip(s) (one per remote device), "
+                  f"{tr['activations_bytes'] / 1024:.0f} KiB of hidden states + up to {tr['mask_bytes_at_n_ctx'] / 1024:.0f} KiB "
+                  f"of attention mask at n_ctx {plan.n_ctx} (it grows with the tokens cached)")
     settings = (f"n_ctx {plan.n_ctx}, KV {plan.type_k}, n_gpu_layers {plan.n_gpu_layers}, split {plan.split_mode}"
                 + (f" {plan.tensor_split}" if plan.tensor_split else "") + f", main_gpu {plan.main_gpu}")
     if plan.drafter:

@@ -29,8 +29,15 @@ def serve(
 
     from localflash.config import check_parallel
 
-    cfg = load.config()
-    llm = open_llm(check_parallel(replace(cfg, parallel=parallel)))
+    cfg = check_parallel(replace(load.config(), parallel=parallel))
+    if cfg.rpc:  # llama.cpp aborts the process on a lost RPC server: keep the engine in a child process
+        from localflash.serve.isolated import IsolatedLLM
+
+        if cfg.parallel > 1:
+            typer.echo(f"note: --rpc serves one request at a time (the engine runs isolated); --parallel {cfg.parallel} -> 1", err=True)
+        llm = IsolatedLLM(replace(cfg, parallel=1))
+    else:
+        llm = open_llm(cfg)
     try:
         run_server(llm, host=host, port=port, api_key=api_key, queue=queue)
     finally:

@@ -18,6 +18,7 @@ import numpy as np
 from localflash.errors import LocalflashError
 from localflash.llama.batch import Batch  # noqa: F401  (re-exported)
 from localflash.llama.bindings import ext, lib, recent_log
+from localflash.llama.rpc import device_array, local_gpus
 from localflash.llama.rollback import RecurrentCache, StateCheckpoint  # noqa: F401  (StateCheckpoint: re-exported)
 
 GGUF_MAGIC = b"GGUF"
@@ -40,8 +41,8 @@ def check_gguf(path: str | Path) -> Path:
 
 
 def gpu_offload_supported() -> bool:
-    """Whether this llama.cpp build can offload to a GPU (a CUDA/Metal/Vulkan build)."""
-    return bool(lib().llama_supports_gpu_offload())
+    """Whether this llama.cpp has a local GPU to offload to (llama_supports_gpu_offload also counts an RPC backend)."""
+    return bool(local_gpus())
 
 
 def default_threads() -> int:
@@ -84,6 +85,7 @@ class ModelOptions:
     # CPU weight repacking (llama.cpp's "extra buffer types", e.g. Q4_K -> Q4_K_8x8): faster, but a
     # row's logits then depend on how many rows the batch has; exact mode turns it off
     use_extra_bufts: bool = True
+    devices: list[str] | None = None  # ggml device names to place layers on, in order (RPC0, CUDA0; []: CPU only); None: all
 
 
 class Model:
@@ -107,6 +109,9 @@ class Model:
             n = L.llama_max_devices()
             self._tensor_split = (ctypes.c_float * n)(*(o.tensor_split + [0.0] * (n - len(o.tensor_split)))[:n])
             params.tensor_split = self._tensor_split
+        self._devices = device_array(o.devices) if o.devices is not None else None  # kept alive with the model
+        if self._devices is not None:
+            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
         self._overrides = _buft_overrides(o.tensor_overrides) if o.tensor_overrides else None
         if self._overrides is not None:
             params.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)

@@ -28,6 +28,19 @@ class Gpu:
     name: str
     total: int
     free: int
+    endpoint: str | None = None  # a remote device: an rpc-server's HOST:PORT (its device ``index`` there)
+
+    @property
+    def label(self) -> str:
+        """``GPU0``, or ``RPC host:port`` (``#i`` past a server's first device)."""
+        if self.endpoint is None:
+            return f"GPU{self.index}"
+        return f"RPC {self.endpoint}" + (f"#{self.index}" if self.index else "")
+
+    @property
+    def key(self) -> str:
+        """How the runtime names this device: ``gpu:0``, ``rpc:HOST:PORT#0``."""
+        return f"gpu:{self.index}" if self.endpoint is None else f"rpc:{self.endpoint}#{self.index}"
 
 
 @dataclass(frozen=True)
@@ -110,6 +123,13 @@ def host_memory(meminfo: str | Path = "/proc/meminfo") -> HostMemory:
             values[key] = int(parts[0]) * 1024
     available = values.get("MemAvailable", values.get("MemFree", 0) + values.get("Cached", 0))
     return HostMemory(values.get("MemTotal", 0), available)
+
+
+def remote_gpus(endpoints: list[str], timeout: float = 3.0) -> list[Gpu]:
+    """The devices of rpc-servers as the planner's cards (asked over the wire: ``llama/rpc_wire.py``)."""
+    from localflash.llama.rpc_wire import probe_all
+
+    return [Gpu(d.device, f"rpc-server {d.endpoint}", d.total, d.free, d.endpoint) for d in probe_all(endpoints, timeout)]
 
 
 def select_gpus(detected: list[Gpu], vram: str | None = None, gpus: str | None = None) -> list[Gpu]:

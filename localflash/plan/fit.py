@@ -29,6 +29,7 @@ from localflash.plan.costs import (
 from localflash.plan.devices import Gpu, HostMemory, format_size
 from localflash.plan.mtp import mtp_kv_bytes, mtp_weight_bytes
 from localflash.plan.pricer import Config, Placement, Pricer
+from localflash.plan.remote import OUTPUT_PATTERN, traffic_per_pass
 from localflash.plan.types import DEFAULT_CTX, Change, Plan, Wishes
 
 
@@ -104,6 +105,9 @@ def _full_placements(pr: Pricer, w: Wishes):
     n_slots = pr.t.n_layer_all + 1
     if not pr.gpus:
         yield Placement((), (), 0)
+        return
+    if any(g.endpoint for g in pr.gpus):  # remote devices (first, as llama.cpp orders them) and local cards: one layer split
+        yield Placement(tuple(range(len(pr.gpus))), (), n_slots, host_output=pr.gpus[-1].endpoint is not None)
         return
     if w.split == "tensor" and len(pr.gpus) > 1:
         yield Placement(tuple(range(len(pr.gpus))), tuple(g.free for g in pr.gpus), n_slots, split_mode="tensor")
@@ -298,6 +302,11 @@ def _build(pr: Pricer, c: Config, want: int, kvs: list[str], changes: list[Chang
     if pr.n_rs_seq:
         changes.append(Change("n_rs_seq", pr.n_rs_seq, "hybrid target: keep recurrent-state snapshots so a rejected "
                               f"draft of up to {w.n_draft} tokens can be rolled back"))
+    remote = [pr.gpus[g] for g in p.gpus if pr.gpus[g].endpoint]
+    if remote and p.host_output:
+        overrides.append((OUTPUT_PATTERN, "CPU"))
+        changes.append(Change("tensor_buft_overrides", OUTPUT_PATTERN, "the output layer stays on this machine "
+                              "(with the drafter): logits never cross the network"))
     options = {kv: _largest_ctx(pr, p, kv, t.n_ctx_train or c.n_ctx) for kv in kvs}
     out_dev = where[t.n_layer_all]
     split_mode = p.split_mode if len(p.gpus) > 1 else "none"
@@ -322,8 +331,8 @@ def _build(pr: Pricer, c: Config, want: int, kvs: list[str], changes: list[Chang
         flash_attn=True,
         n_gpu_layers=p.n_gpu_layers,
         split_mode=split_mode,
-        main_gpu=pr.gpus[p.gpus[0]].index if p.gpus else 0,
-        tensor_split=_split_by_device(pr, p) if len(p.gpus) > 1 else None,
+        main_gpu=pr.gpus[p.gpus[0]].index if p.gpus and not remote else 0,
+        tensor_split=[float(s) for s in p.slots] if remote else _split_by_device(pr, p) if len(p.gpus) > 1 else None,
         tensor_overrides=overrides,
         drafter_device=pr.gpus[p.gpus[out_dev]].index if (d is not None and out_dev is not None and p.gpus) else None,
         drafter_n_ctx=pad_ctx(d_ctx) if d is not None else 0,
@@ -334,6 +343,8 @@ def _build(pr: Pricer, c: Config, want: int, kvs: list[str], changes: list[Chang
         changes=changes,
         warnings=warnings,
         mtp=pr.mtp,
+        device_keys=[pr.gpus[g].key for g in p.gpus] if remote else None,
+        traffic=traffic_per_pass(t, where, [pr.gpus[g].endpoint for g in p.gpus], pr.n_outputs, c.n_ctx) if remote else None,
     )
 
 
@@ -349,7 +360,8 @@ def _split_by_device(pr: Pricer, p: Placement) -> list[float]:
 def runtime_kwargs(plan: Plan) -> dict:
     """The settings the runtime passes to llama.cpp, as one dict.
 
-    Target model params: ``n_gpu_layers`` (int), ``split_mode`` (llama_split_mode int: 0 none, 1 layer,
+    Target model params: ``devices`` (None: llama.cpp's default list; with remote devices the devices'
+    keys, ``rpc:HOST:PORT#i`` / ``gpu:N``, in order, ``tensor_split`` indexed by position there), ``n_gpu_layers`` (int), ``split_mode`` (llama_split_mode int: 0 none, 1 layer,
     3 tensor), ``main_gpu`` (int), ``tensor_split`` (None, or floats indexed by CUDA device: block slots
     per card, 0 for unused cards; llama.cpp normalises them),
     ``tensor_buft_overrides`` (list of ``(regex, "CPU")``). Target context params: ``n_ctx``, ``n_batch``,
@@ -375,6 +387,7 @@ def runtime_kwargs(plan: Plan) -> dict:
         "drafter_n_ctx": plan.drafter_n_ctx,
         "drafter": None,
         "load_mtp": plan.mtp,
+        "devices": plan.device_keys,
     }
     if plan.drafter:
         kw["drafter"] = {

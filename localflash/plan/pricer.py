@@ -43,6 +43,7 @@ class Placement:
     n_gpu_layers: int
     host_expert_layers: int = 0  # experts of blocks 0..n-1 stay on the host
     split_mode: str = "layer"
+    host_output: bool = False  # the output layer stays on the host (its last device is remote: logits never cross the wire)
 
 
 @dataclass(frozen=True)
@@ -107,12 +108,14 @@ class Pricer:
         for il in range(start, n_slots):
             rel = il - start
             out[il] = next((g for g, b in enumerate(bounds) if b > rel), len(bounds) - 1)
+        if p.host_output:
+            out[-1] = None
         return out
 
     def price(self, c: Config) -> tuple[list[DeviceUse], DeviceUse]:
         t, w, p = self.t, self.w, c.placement
-        gpu_rows = [DeviceUse(f"GPU{self.gpus[g].index} {self.gpus[g].name}", self.gpus[g].index,
-                              self.gpus[g].free - w.margin, overhead=w.overhead) for g in p.gpus]
+        gpu_rows = [DeviceUse(f"{self.gpus[g].label} {self.gpus[g].name}", self.gpus[g].index,
+                              self.gpus[g].free - w.margin, overhead=w.overhead, remote=self.gpus[g].endpoint) for g in p.gpus]
         host = DeviceUse("host RAM", None, self.host.available - w.margin)
         where = self.slot_devices(p)
         layer_bytes = self.layer_bytes
@@ -152,7 +155,7 @@ class Pricer:
             layers = [il for il in range(t.n_layer_all) if where[il] == g or (tensor_split and where[il] is not None)]
             row.target_compute = self.compute(t, layers, out_dev == g or tensor_split, c.n_ctx, c.kv, True,
                                               self.n_outputs, copies)
-            if T >= 32 and g == 0:
+            if T >= 32 and g == 0 and self.gpus[p.gpus[0]].endpoint is None:  # no op offload to an RPC device
                 row.target_compute += self._host_weight_copy(p, where)
         host_layers = [il for il in range(t.n_layer_all) if where[il] is None]
         if host_layers or out_dev is None:

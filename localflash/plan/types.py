@@ -46,6 +46,7 @@ class DeviceUse:
     drafter_kv: int = 0
     drafter_compute: int = 0
     overhead: int = 0  # runtime overhead (GPU) or output buffers (host)
+    remote: str | None = None  # an rpc-server's HOST:PORT (``index``: its device there)
 
     @property
     def used(self) -> int:
@@ -94,6 +95,10 @@ class Plan:
     changes: list[Change] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     mtp: bool = False  # the target's MTP block is loaded and its context priced (drafter column)
+    # with remote devices: the devices the target is placed on, in llama.cpp's order (Gpu.key: "rpc:HOST:PORT#0",
+    # "gpu:0"), ``tensor_split`` indexed by position here; None: llama.cpp's default device list
+    device_keys: list[str] | None = None
+    traffic: dict | None = None  # remote devices: expected network bytes and round trips per verify pass (plan/remote.py)
 
     @property
     def gpu_total(self) -> int:

@@ -210,7 +210,7 @@ def test_runtime_kwargs_keys(shaped):
     kw = runtime_kwargs(plan)
     assert set(kw) == {"n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "tensor_buft_overrides", "n_ctx",
                        "n_batch", "n_ubatch", "n_outputs_max", "n_rs_seq", "type_k", "type_v", "flash_attn",
-                       "drafter_n_ctx", "drafter", "load_mtp"}
+                       "drafter_n_ctx", "drafter", "load_mtp", "devices"}
     assert (kw["type_k"], kw["flash_attn"], kw["n_outputs_max"], kw["drafter_n_ctx"], kw["load_mtp"]) == (1, True, 9, 32768, False)
     assert json.loads(plan.to_json())["devices"][0]["used"] == plan.devices[0].used
 

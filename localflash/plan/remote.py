@@ -1,0 +1,54 @@
+"""Remote devices in a plan: what stays local, and what one verify pass sends over the network.
+
+The devices themselves are asked over the wire by :mod:`localflash.llama.rpc_wire` (no llama.cpp loaded).
+"""
+
+from __future__ import annotations
+
+from localflash.llama.rpc_wire import parse_endpoints, probe, rpc_check_rows  # noqa: F401  (for cli/ and serve/)
+
+
+# the output layer's tensors (a tied head is the token embedding, duplicated): kept on the host when
+# the last device of the split is remote, so the drafter (local) can borrow them and logits stay here
+OUTPUT_PATTERN = r"^(output|output_norm|token_embd)\.weight$"
+
+
+def traffic_per_pass(target, where: list[int | None], endpoints: list[str | None], rows: int, n_ctx: int) -> dict:
+    """Expected network use of one verify pass of ``rows`` tokens over a layer split with remote devices.
+
+    ``where``: device (position in ``endpoints``) of every block slot, None for the host (last slot:
+    the output layer); ``endpoints``: each device's rpc-server, None for a local card. Per pass every
+    remote device that holds blocks receives the hidden states entering its first block and returns
+    those leaving its last (f32, ``rows × n_embd`` each way; between two servers they pass through this
+    machine), plus its copies of the graph inputs: positions and the attention mask (f16, ``n_kv ×
+    rows`` padded, where n_kv grows with the context: given here at ``n_ctx``, the most). Round trips:
+    the graph compute and the input copies of each remote device are queued without waiting, then
+    one synchronising read per device; so a pass of 16 rows costs the same round trips as one row.
+    """
+    remote = sorted({where[il] for il in range(len(where) - 1) if where[il] is not None and endpoints[where[il]]})
+    act = rows * target.n_embd * 4
+    pad = -(-rows // 64) * 64  # GGML_KQ_MASK_PAD
+    mask = n_ctx * pad * 2
+    per_device = 2 * act + mask + rows * 4
+    return {
+        "rows": rows,
+        "remote_devices": len(remote),
+        "activations_bytes": 2 * act * len(remote),
+        "mask_bytes_at_n_ctx": mask * len(remote),
+        "bytes": per_device * len(remote),
+        "round_trips": len(remote),
+    }
+
+
+def reachable(endpoints: list[str], timeout: float = 3.0) -> tuple[list[str], list[tuple[str, str]]]:
+    """(the endpoints that answer a probe, [(endpoint, why not)] for the others)."""
+    from localflash.errors import LocalflashError
+
+    up, down = [], []
+    for e in endpoints:
+        try:
+            probe(e, timeout)
+            up.append(e)
+        except LocalflashError as err:
+            down.append((e, err.message))
+    return up, down
