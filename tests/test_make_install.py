@@ -34,3 +34,13 @@ def test_the_first_resolving_pip_run_includes_the_llama_wheel(tmp_path):
     assert "--no-deps" in wheel_first and any("llama_cpp_python-0.3.36" in a for a in wheel_first)
     resolving = [run for run in pip_runs[1:] if "--no-deps" not in run]
     assert resolving and any("llama_cpp_python-0.3.36" in a for a in resolving[0]), resolving
+
+
+def test_the_default_build_has_the_rpc_backend_and_rpc_0_leaves_it_out():
+    """CI's one build covers the RPC tests (tests/rpc): GGML_RPC=ON unless RPC=0; the wheel cache key follows the flags."""
+    flags = lambda **env: subprocess.run(["bash", "scripts/cmake_flags.sh"], cwd=ROOT, capture_output=True, text=True,  # noqa: E731
+                                         env={"PATH": "/usr/bin:/bin", **env}, check=True).stdout.split()
+    assert "-DGGML_RPC=ON" in flags() and "-DGGML_RPC=ON" in flags(RPC="1")
+    assert "-DGGML_RPC=ON" not in flags(RPC="0")
+    dry = subprocess.run(["make", "-n", "-B", "install", "RPC=0", "WHEEL_DIR=/nonexistent"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "GGML_RPC" not in dry.stdout

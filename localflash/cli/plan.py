@@ -156,7 +156,7 @@ def print_plan(plan: Plan, out: Console) -> None:
     if plan.traffic:
         tr = plan.traffic
         out.print(f"network per verify pass of {tr['rows']} tokens: {tr['round_trips']} round trip(s) (one per remote device), "
-                  f"{tr['activations_bytes'] / 1024:.0f} KiB of hidden states + up to {tr['mask_bytes_at_n_ctx'] / 1024:.0f} KiB "
+                  f"{(tr['activations_bytes'] + tr['tap_bytes']) / 1024:.0f} KiB of hidden states (drafter taps included) + up to {tr['mask_bytes_at_n_ctx'] / 1024:.0f} KiB "
                   f"of attention mask at n_ctx {plan.n_ctx} (it grows with the tokens cached)")
     settings = (f"n_ctx {plan.n_ctx}, KV {plan.type_k}, n_gpu_layers {plan.n_gpu_layers}, split {plan.split_mode}"
                 + (f" {plan.tensor_split}" if plan.tensor_split else "") + f", main_gpu {plan.main_gpu}")

@@ -344,7 +344,8 @@ def _build(pr: Pricer, c: Config, want: int, kvs: list[str], changes: list[Chang
         warnings=warnings,
         mtp=pr.mtp,
         device_keys=[pr.gpus[g].key for g in p.gpus] if remote else None,
-        traffic=traffic_per_pass(t, where, [pr.gpus[g].endpoint for g in p.gpus], pr.n_outputs, c.n_ctx) if remote else None,
+        traffic=traffic_per_pass(t, where, [pr.gpus[g].endpoint for g in p.gpus], pr.n_outputs, c.n_ctx,
+                                 d.target_layers if d is not None and (d.is_dflash or d.is_eagle3) else ()) if remote else None,
     )
 
 

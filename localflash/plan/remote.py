@@ -13,7 +13,8 @@ from localflash.llama.rpc_wire import parse_endpoints, probe, rpc_check_rows  # 
 OUTPUT_PATTERN = r"^(output|output_norm|token_embd)\.weight$"
 
 
-def traffic_per_pass(target, where: list[int | None], endpoints: list[str | None], rows: int, n_ctx: int) -> dict:
+def traffic_per_pass(target, where: list[int | None], endpoints: list[str | None], rows: int, n_ctx: int,
+                     taps: list[int] = ()) -> dict:
     """Expected network use of one verify pass of ``rows`` tokens over a layer split with remote devices.
 
     ``where``: device (position in ``endpoints``) of every block slot, None for the host (last slot:
@@ -30,12 +31,14 @@ def traffic_per_pass(target, where: list[int | None], endpoints: list[str | None
     pad = -(-rows // 64) * 64  # GGML_KQ_MASK_PAD
     mask = n_ctx * pad * 2
     per_device = 2 * act + mask + rows * 4
+    remote_taps = [lid for lid in taps if 0 < lid <= len(where) - 1 and where[lid - 1] is not None and endpoints[where[lid - 1]]]
     return {
         "rows": rows,
         "remote_devices": len(remote),
         "activations_bytes": 2 * act * len(remote),
         "mask_bytes_at_n_ctx": mask * len(remote),
-        "bytes": per_device * len(remote),
+        "tap_bytes": act // 2 * len(remote_taps) if remote else 0,
+        "bytes": per_device * len(remote) + act // 2 * len(remote_taps),
         "round_trips": len(remote),
     }
 

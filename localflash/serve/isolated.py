@@ -196,6 +196,9 @@ class _Stream:
 
 def _child(fd: int) -> None:
     import queue
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us with "close"
 
     from localflash.api import open_llm
 
