@@ -111,7 +111,10 @@ def run_bench(
 
     # one model for every mode: with its MTP block when a mode drafts with it (the trunk is the same)
     mtp = any(base_kind(m) == "mtp" for m in modes)
-    target = Model(cfg.target, ModelOptions(n_gpu_layers=cfg.n_gpu_layers, load_mtp=mtp, use_extra_bufts=not cfg.exact))
+    if cfg.rpc:  # blocks on rpc-servers: the first engine loads the target as its plan says; the vocabulary is enough here
+        target = Model(cfg.target, ModelOptions(vocab_only=True))
+    else:
+        target = Model(cfg.target, ModelOptions(n_gpu_layers=cfg.n_gpu_layers, load_mtp=mtp, use_extra_bufts=not cfg.exact))
     chat = not raw and bool(target.chat_template())
     tokenized = []
     for p in prompts:
@@ -137,7 +140,8 @@ def run_bench(
     engines = {}
     try:
         for m in modes:
-            engines[m] = open_engine(replace(cfg, spec=m), target=target)
+            engines[m] = open_engine(replace(cfg, spec=m), target=None if cfg.rpc and not engines else target)
+            target = engines[m].target
         for m, eng in engines.items():  # warm-up: page in weights, calibrate the draft-length policy
             for _ in eng.generate(tokenized[0], min(16, max_tokens), SamplingParams()):
                 pass

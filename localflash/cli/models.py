@@ -97,7 +97,7 @@ def models_check(
     if rpc:
         from localflash.plan.remote import parse_endpoints, rpc_check_rows
 
-        rpc_rows = rpc_check_rows(parse_endpoints(rpc))
+        rpc_rows, rpc_hints = rpc_check_rows(parse_endpoints(rpc))
         rows, ok = rows + rpc_rows, ok and all(g for _, g, _ in rpc_rows)
     if json_out:
         typer.echo(json.dumps({"pair": name, "ok": ok, "checks": [{"what": w, "ok": g, "detail": d} for w, g, d in rows]}, indent=1))
@@ -107,6 +107,6 @@ def models_check(
         console.print(Text(f"{name}: ok" if ok else f"{name}: not usable as configured", style="bold green" if ok else "bold red"))
     if not ok:
         what, bad = next((w, d) for w, g, d in rows if g is False)
-        if what.startswith("rpc-server"):
-            fail(bad, hint=next(d for w, g, d in rows if w == what + " hint"))
+        if rpc and what in rpc_hints:
+            fail(bad, hint=rpc_hints[what])
         fail(f"pair {name!r} failed its check: {bad}", hint="fix the pair in models.toml (see `localflash models --paths`)")

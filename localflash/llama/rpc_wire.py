@@ -122,15 +122,17 @@ def probe_all(endpoints: list[str], timeout: float = 3.0) -> list[RemoteDevice]:
 
 
 
-def rpc_check_rows(endpoints: list[str], timeout: float = 3.0) -> list[tuple[str, bool | None, str]]:
-    """``models check`` rows for rpc-servers: (what, ok, detail), and for a failed one its hint row (ok None)."""
-    rows = []
+def rpc_check_rows(endpoints: list[str], timeout: float = 3.0) -> tuple[list[tuple[str, bool, str]], dict[str, str]]:
+    """``models check`` rows for rpc-servers, (what, ok, detail), and the hint for each failed one (by ``what``)."""
+    rows, hints = [], {}
     for e in endpoints:
+        what = f"rpc-server {e}"
         try:
             devs = probe(e, timeout)
         except LocalflashError as err:
-            rows += [(f"rpc-server {e}", False, err.message), (f"rpc-server {e} hint", None, err.hint or "")]
+            rows.append((what, False, err.message))
+            hints[what] = err.hint or ""
             continue
         mem = ", ".join(f"device {d.device}: {d.free / 1024**3:.1f} of {d.total / 1024**3:.1f} GiB free" for d in devs)
-        rows.append((f"rpc-server {e}", True, f"protocol {PROTO_MAJOR}.x; {mem}"))
-    return rows
+        rows.append((what, True, f"protocol {PROTO_MAJOR}.x; {mem}"))
+    return rows, hints

@@ -167,7 +167,8 @@ def _balanced(pr: Pricer, c: Config) -> Config | None:
                         candidates.append(tuple(s))
     for slots in candidates:
         cand = replace(c, placement=replace(p, slots=slots))
-        room = pr.headroom(cand)
+        rows, host = pr.price(cand)
+        room = (min([r.free for r in rows] + [host.free]), min(r.free for r in rows))  # ties (the host binds): even cards
         if best_room is None or room > best_room:
             best, best_room = cand, room
     return best

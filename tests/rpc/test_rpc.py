@@ -79,7 +79,10 @@ def test_probe_reads_memory_over_the_wire(servers):
 
 
 def _cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "localflash.cli", *args], capture_output=True, text=True, timeout=timeout)
+    import os
+
+    return subprocess.run([sys.executable, "-m", "localflash.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "COLUMNS": "200"})
 
 
 def test_dead_server_at_start_is_one_line_naming_the_host_and_what_to_run():
