@@ -33,9 +33,9 @@ def serve(
     if cfg.rpc:  # llama.cpp aborts the process on a lost RPC server: keep the engine in a child process
         from localflash.serve.isolated import IsolatedLLM
 
+        llm = IsolatedLLM(replace(cfg, parallel=1))
         if cfg.parallel > 1:
             typer.echo(f"note: --rpc serves one request at a time (the engine runs isolated); --parallel {cfg.parallel} -> 1", err=True)
-        llm = IsolatedLLM(replace(cfg, parallel=1))
     else:
         llm = open_llm(cfg)
     try:
