@@ -35,9 +35,10 @@ def plan(
     json_out: bool = typer.Option(False, "--json", help="Print the plan and the runtime settings as JSON."),
     mtp: Optional[bool] = typer.Option(None, "--mtp/--no-mtp", help="Price drafting with the target's MTP block (default: when it has one and no drafter is given)."),
     rpc: Optional[str] = LOAD_FLAGS["rpc"].option(),
+    parallel: int = typer.Option(1, "--parallel", "-np", help="Slots that serve --parallel runs: recurrent state and verify rows for each."),
 ):
     """Price target + drafter on your GPUs before loading: per-card table, settings, and what changed to fit."""
-    plan_command(pair, target, drafter, vram, gpus, ctx, kv, split, draft_max, margin, json_out, mtp=mtp, rpc=rpc)
+    plan_command(pair, target, drafter, vram, gpus, ctx, kv, split, draft_max, margin, json_out, mtp=mtp, rpc=rpc, parallel=parallel)
 
 
 def plan_command(
@@ -57,6 +58,7 @@ def plan_command(
     host: devices.HostMemory | None = None,
     mtp: bool | None = None,
     rpc: str | list[str] | None = None,
+    parallel: int = 1,
 ) -> Plan:
     """Plan ``--pair NAME`` or ``--target T [--drafter D]`` and print it (``detected``/``host`` override probing).
 
@@ -102,7 +104,7 @@ def plan_command(
         mtp = drafter_path is None and t_meta.n_layer_nextn > 0
     if mtp and not t_meta.n_layer_nextn:
         raise LocalflashError(f"{Path(target_path).name} has no MTP (nextn) layers to plan for", hint="drop --mtp")
-    wishes = Wishes(ctx=ctx, kv=kv, split=split, margin=devices.parse_size(margin), mtp=mtp)
+    wishes = Wishes(ctx=ctx, kv=kv, split=split, margin=devices.parse_size(margin), mtp=mtp, n_seq=max(1, parallel))
     if mtp and draft_max is None:
         from localflash.archs import MTP_DRAFT_MAX
 

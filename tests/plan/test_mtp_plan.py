@@ -73,3 +73,13 @@ def test_plan_command_prices_mtp_unless_told_not_to(q36, capsys):
     assert plan.mtp and "largest context that fits this placement: 108544 with f16, 166144 with q8_0, 262144 with q4_0" in out
     assert "the target's MTP block" in out
     assert not plan_command(target=str(q36), vram="24GiB", console=console, detected=[], host=HOST, mtp=False).mtp
+
+
+def test_parallel_slots_price_a_recurrent_state_per_sequence(q36):
+    """`plan --parallel 4`: the KV cache is shared (same context), the recurrent state is per sequence."""
+    meta = read_meta(q36)
+    one = make_plan(meta, None, [CARD], HOST, Wishes(ctx=32768, n_draft=3, mtp=True))
+    four = make_plan(meta, None, [CARD], HOST, Wishes(ctx=32768, n_draft=3, mtp=True, n_seq=4))
+    rs = sum(recurrent_bytes_per_layer(meta, 3).values())  # one sequence, 1 + n_rs_seq rows
+    assert four.n_ctx == one.n_ctx and four.type_k == one.type_k
+    assert four.devices[0].target_kv - one.devices[0].target_kv == 3 * rs
