@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from localflash.cli.app import app, fail
-from localflash.cli.options import MAX_TOKENS, RAW, LoadFlags, SamplingFlags, shared_options, use
+from localflash.cli.options import MAX_TOKENS, PARALLEL, RAW, LoadFlags, SamplingFlags, shared_options, use
 
 
 @app.command()
@@ -27,7 +27,7 @@ def bench(
     price_kwh: Optional[float] = typer.Option(None, "--price-kwh", help="Electricity price per kWh (needs --watts)."),
     save: bool = typer.Option(True, "--save/--no-save", help="Save the verdict for this rig and pair (used by chat --draft auto)."),
     synthetic_accept: str = typer.Option("0.6,0.8,0.95", "--synthetic-accept", help="Acceptance rates of --modes synthetic (benchmark-only oracle drafter)."),
-    parallel: int = typer.Option(1, "--parallel", "-np", help="Slots decoding together: aggregate tok/s of plain batched decoding and each mode (1: the one-stream bench)."),
+    parallel: int = PARALLEL.option(),
 ):
     """Plain vs speculative decoding on the same prompts, interleaved; table, histogram, verdict."""
     from dataclasses import replace

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from localflash.cli.app import app
-from localflash.cli.options import DRAFT_MAX, DRAFTER, LOAD_FLAGS, MODEL, PAIR
+from localflash.cli.options import DRAFT_MAX, DRAFTER, LOAD_FLAGS, MODEL, PAIR, PARALLEL
 from localflash.errors import LocalflashError
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ def plan(
     json_out: bool = typer.Option(False, "--json", help="Print the plan and the runtime settings as JSON."),
     mtp: Optional[bool] = typer.Option(None, "--mtp/--no-mtp", help="Price drafting with the target's MTP block (default: when it has one and no drafter is given)."),
     rpc: Optional[str] = LOAD_FLAGS["rpc"].option(),
-    parallel: int = typer.Option(1, "--parallel", "-np", help="Slots that serve --parallel runs: recurrent state and verify rows for each."),
+    parallel: int = PARALLEL.option(),
 ):
     """Price target + drafter on your GPUs before loading: per-card table, settings, and what changed to fit."""
     plan_command(pair, target, drafter, vram, gpus, ctx, kv, split, draft_max, margin, json_out, mtp=mtp, rpc=rpc, parallel=parallel)

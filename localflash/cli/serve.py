@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from localflash.cli.app import app
-from localflash.cli.options import LoadFlags, shared_options, use
+from localflash.cli.options import PARALLEL, LoadFlags, shared_options, use
 
 
 @app.command()
@@ -18,7 +18,7 @@ def serve(
     port: int = typer.Option(8080, "--port", help="TCP port (0: any free one, printed at startup)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LOCALFLASH_API_KEY", help="Require Authorization: Bearer KEY."),
     queue: int = typer.Option(16, "--queue", help="Requests that may wait while every slot is busy; more get 503 + Retry-After."),
-    parallel: int = typer.Option(4, "--parallel", "-np", help="Parallel slots: requests decoded together, each with 1/N of -c/--ctx (1: one at a time)."),
+    parallel: int = PARALLEL.option(4),
 ):
     """Serve the model over an OpenAI-compatible HTTP API (chat, completions, tools, SSE, /metrics)."""
     from localflash.api import open_llm
