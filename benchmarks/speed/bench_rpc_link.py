@@ -21,13 +21,14 @@ PROMPTS = [
     "Write a short Python function that checks whether a number is prime.",
     "List the planets of the solar system in order from the sun.",
     "Explain in two sentences what a hash table is.",
+    "Copy this list exactly, one item a line: apple, banana, cherry, date, elderberry, fig, grape, honeydew.",
 ]
 
 
-def run(endpoints, spec: str, max_tokens: int, proxies) -> dict:
+def run(endpoints, pair: str, spec: str, max_tokens: int, proxies) -> dict:
     from localflash.api import load
 
-    with load(pair="demo", spec=spec, rpc=endpoints, threads=1) as llm:
+    with load(pair=pair, spec=spec, rpc=endpoints, threads=1) as llm:
         llm.generate("Hello", max_tokens=4)  # warm-up: graphs reserved, first-touch costs paid
         for p in proxies:
             p.reset_counts()
@@ -55,7 +56,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rtt", default="0,0.2,1,5", help="added round-trip times in ms, comma-separated")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--spec", default="dflash")
+    ap.add_argument("--modes", default="demo:none,demo:dflash,demo:ngram,demo-draft:draft",
+                    help="PAIR:SPEC, comma-separated; the first is the baseline (× plain)")
     a = ap.parse_args()
     servers = [RpcServer(threads=1, exact=False), RpcServer(threads=1, exact=False)]
     print(f"# {time.strftime('%Y-%m-%dT%H:%M:%S%z')}, servers {', '.join(s.endpoint for s in servers)}, "
@@ -67,10 +69,12 @@ def main() -> None:
             proxies = [DelayProxy(s.endpoint, rtt / 2) for s in servers]
             eps = [p.endpoint for p in proxies]
             plain = None
-            for spec in ("none", a.spec):
-                r = run(eps, spec, a.max_tokens, proxies)
+            for mode in a.modes.split(","):
+                pair, _, spec = mode.partition(":")
+                r = run(eps, pair, spec, a.max_tokens, proxies)
                 plain = plain or r["tps"]
-                print(f"| {rtt:g} ms | {'plain' if spec == 'none' else spec} | {r['tps']:.1f} | {r['tps'] / plain:.2f} | "
+                label = "plain" if spec == "none" else f"{spec} ({pair})" if pair != "demo" else spec
+                print(f"| {rtt:g} ms | {label} | {r['tps']:.1f} | {r['tps'] / plain:.2f} | "
                       f"{r['tau']:.2f} | {r['accept']:.0%} | {r['kib_per_pass']:.0f} | {r['bursts_per_pass']:.1f} | {r['load']:.1f} |",
                       flush=True)
             for p in proxies:

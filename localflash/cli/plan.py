@@ -157,9 +157,11 @@ def print_plan(plan: Plan, out: Console) -> None:
         out.print(f"{label}: {row.layers}", style="dim")
     if plan.traffic:
         tr = plan.traffic
-        out.print(f"network per verify pass of {tr['rows']} tokens: {tr['round_trips']} round trip(s) (one per remote device), "
-                  f"{(tr['activations_bytes'] + tr['tap_bytes']) / 1024:.0f} KiB of hidden states (drafter taps included) + up to {tr['mask_bytes_at_n_ctx'] / 1024:.0f} KiB "
-                  f"of attention mask at n_ctx {plan.n_ctx} (it grows with the tokens cached)")
+        out.print(f"network per verify pass of {tr['rows']} tokens: {tr['round_trips']} round trip(s) "
+                  f"({tr['remote_devices']} remote device(s) + drafter taps read there), "
+                  f"{(tr['activations_bytes'] + tr['tap_bytes']) / 1024:.0f} KiB of hidden states + up to "
+                  f"{tr['mask_bytes_at_n_ctx'] / 1024:.0f} KiB of attention mask at n_ctx {plan.n_ctx} "
+                  "(it grows with the tokens cached), graph uploads on top")
     settings = (f"n_ctx {plan.n_ctx}, KV {plan.type_k}, n_gpu_layers {plan.n_gpu_layers}, split {plan.split_mode}"
                 + (f" {plan.tensor_split}" if plan.tensor_split else "") + f", main_gpu {plan.main_gpu}")
     if plan.drafter:

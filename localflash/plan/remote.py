@@ -21,25 +21,28 @@ def traffic_per_pass(target, where: list[int | None], endpoints: list[str | None
     the output layer); ``endpoints``: each device's rpc-server, None for a local card. Per pass every
     remote device that holds blocks receives the hidden states entering its first block and returns
     those leaving its last (f32, ``rows × n_embd`` each way; between two servers they pass through this
-    machine), plus its copies of the graph inputs: positions and the attention mask (f16, ``n_kv ×
-    rows`` padded, where n_kv grows with the context: given here at ``n_ctx``, the most). Round trips:
-    the graph compute and the input copies of each remote device are queued without waiting, then
-    one synchronising read per device; so a pass of 16 rows costs the same round trips as one row.
+    machine), plus its copy of the attention mask (f16, ``n_kv × rows``; n_kv grows with the tokens
+    cached: given here at ``n_ctx``, the most); a DFlash or EAGLE-3 drafter's tapped layer inputs
+    (``taps``) made on a remote device come back too. Graph uploads (when a pass's shape differs from
+    the last one's) come on top; docs/benchmarks.md has measured totals.
+
+    Round trips: llama.cpp's RPC client queues the input copies and the graph compute of a device
+    without waiting and blocks on one read of its output, so a pass costs one round trip per remote
+    device whatever its row count (16 rows: the same as one), plus one per tap read from a remote
+    device.
     """
     remote = sorted({where[il] for il in range(len(where) - 1) if where[il] is not None and endpoints[where[il]]})
     act = rows * target.n_embd * 4
-    pad = -(-rows // 64) * 64  # GGML_KQ_MASK_PAD
-    mask = n_ctx * pad * 2
-    per_device = 2 * act + mask + rows * 4
+    mask = n_ctx * rows * 2
     remote_taps = [lid for lid in taps if 0 < lid <= len(where) - 1 and where[lid - 1] is not None and endpoints[where[lid - 1]]]
     return {
         "rows": rows,
         "remote_devices": len(remote),
         "activations_bytes": 2 * act * len(remote),
+        "tap_bytes": act * len(remote_taps),
         "mask_bytes_at_n_ctx": mask * len(remote),
-        "tap_bytes": act // 2 * len(remote_taps) if remote else 0,
-        "bytes": per_device * len(remote) + act // 2 * len(remote_taps),
-        "round_trips": len(remote),
+        "bytes": (2 * act + mask + rows * 4) * len(remote) + act * len(remote_taps),
+        "round_trips": len(remote) + len(remote_taps),
     }
 
 

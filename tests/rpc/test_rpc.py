@@ -68,6 +68,29 @@ def test_demo_pair_over_two_rpc_servers_equals_local_plain(servers):
         n_remote = sum(int(b) - int(a) + 1 for a, b in (v.split(",")[0].split("-") for v in placed.values()))
         assert n_remote == 30  # all of SmolLM2-135M's 30 blocks; the output layer stays with the drafter
         assert plan.traffic["remote_devices"] == 2
+        assert plan.traffic["round_trips"] == 2 + (5 if spec == "dflash" else 0)  # the demo drafter taps 5 remote layers
+
+
+def test_round_trips_per_pass_are_what_the_plan_says_whatever_the_rows(servers):
+    """Counted on the wire: a proxy in front of each server counts client->server bursts (one per round trip)."""
+    from localflash.testing.rpc import DelayProxy
+
+    proxies = [DelayProxy(e, 0) for e in servers]
+    try:
+        for spec in ("none", "dflash", "ngram"):
+            with load(pair="demo", spec=spec, threads=1, fixed=True, draft_max=4, rpc=[p.endpoint for p in proxies]) as llm:
+                llm.generate("Hello", max_tokens=4)
+                for p in proxies:
+                    p.reset_counts()
+                c = llm.generate("one two three one two three one two three one two", max_tokens=64)
+                passes = c.stats.cycles + 1  # the prefill pass counts too (a few more reads): diluted over 64 tokens
+                per_pass = sum(p.bursts for p in proxies) / passes
+                assert abs(per_pass - llm.info().plan.traffic["round_trips"]) <= 0.3, (spec, per_pass)
+                if spec == "ngram":
+                    assert c.stats.drafted > 0  # multi-row verify passes, still the round trips of one row
+    finally:
+        for p in proxies:
+            p.close()
 
 
 def test_probe_reads_memory_over_the_wire(servers):
@@ -124,6 +147,6 @@ def test_plan_with_rpc_shows_remote_rows_and_traffic(servers, capsys):
     text = cap.get()
     for e in servers:
         assert f"RPC {e}" in text
-    assert "network per verify pass of 16 tokens: 2 round trip(s)" in text
+    assert "network per verify pass of 16 tokens: 7 round trip(s) (2 remote device(s) + drafter taps read there)" in text
     assert plan.device_keys == [f"rpc:{e}#0" for e in servers]
     assert ("^(output|output_norm|token_embd)\\.weight$", "CPU") in [tuple(o) for o in plan.tensor_overrides]
