@@ -25,10 +25,11 @@ PROMPTS = [
 ]
 
 
-def run(endpoints, pair: str, spec: str, max_tokens: int, proxies) -> dict:
+def run(endpoints, pair: str, spec: str, max_tokens: int, proxies, fixed: int = 0) -> dict:
     from localflash.api import load
 
-    with load(pair=pair, spec=spec, rpc=endpoints, threads=1) as llm:
+    extra = {"fixed": True, "draft_max": fixed} if fixed else {}
+    with load(pair=pair, spec=spec, rpc=endpoints, threads=1, **extra) as llm:
         llm.generate("Hello", max_tokens=4)  # warm-up: graphs reserved, first-touch costs paid
         for p in proxies:
             p.reset_counts()
@@ -57,7 +58,7 @@ def main() -> None:
     ap.add_argument("--rtt", default="0,0.2,1,5", help="added round-trip times in ms, comma-separated")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--modes", default="demo:none,demo:dflash,demo:ngram,demo-draft:draft",
-                    help="PAIR:SPEC, comma-separated; the first is the baseline (× plain)")
+                    help="PAIR:SPEC[:K], comma-separated (K: a fixed draft of K tokens, else adaptive); the first is the baseline (× plain)")
     a = ap.parse_args()
     servers = [RpcServer(threads=1, exact=False), RpcServer(threads=1, exact=False)]
     print(f"# {time.strftime('%Y-%m-%dT%H:%M:%S%z')}, servers {', '.join(s.endpoint for s in servers)}, "
@@ -70,10 +71,11 @@ def main() -> None:
             eps = [p.endpoint for p in proxies]
             plain = None
             for mode in a.modes.split(","):
-                pair, _, spec = mode.partition(":")
-                r = run(eps, pair, spec, a.max_tokens, proxies)
+                pair, spec, *k = mode.split(":")
+                fixed = int(k[0]) if k else 0
+                r = run(eps, pair, spec, a.max_tokens, proxies, fixed)
                 plain = plain or r["tps"]
-                label = "plain" if spec == "none" else f"{spec} ({pair})" if pair != "demo" else spec
+                label = "plain" if spec == "none" else (f"{spec} ({pair})" if pair != "demo" else spec) + (f", fixed {fixed}" if fixed else "")
                 print(f"| {rtt:g} ms | {label} | {r['tps']:.1f} | {r['tps'] / plain:.2f} | "
                       f"{r['tau']:.2f} | {r['accept']:.0%} | {r['kib_per_pass']:.0f} | {r['bursts_per_pass']:.1f} | {r['load']:.1f} |",
                       flush=True)
