@@ -34,6 +34,8 @@ TOPICS = ["the sea", "a mountain", "bread", "a library", "rain", "a city at nigh
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", default="demo")
+    ap.add_argument("--model", default=None, help="a target file instead of the pair's (e.g. the pair's target requantized)")
+    ap.add_argument("--drafter", default=None, help="with --model: the drafter file")
     ap.add_argument("--modes", default="none,ngram,dflash")
     ap.add_argument("--streams", default="1,2,4,8")
     ap.add_argument("--slots", type=int, default=8)
@@ -49,7 +51,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="lf-par-"))
     rows, problems = [], []
     for mode in args.modes.split(","):
-        base = ["--pair", args.pair, "--spec", mode, "-t", args.threads] + (["--exact"] if args.exact else [])
+        files = ["-m", args.model] + (["--drafter", args.drafter] if args.drafter else []) if args.model else ["--pair", args.pair]
+        base = [*files, "--spec", mode, "-t", args.threads] + (["--exact"] if args.exact else [])
         reference: dict[tuple[int, int, int], str] = {}
         for parallel in (1, args.slots):
             ctx = args.ctx // args.slots * (1 if parallel == 1 else args.slots)
@@ -120,7 +123,7 @@ def _run(server, n_streams: int, n_requests: int, max_tokens: int):
 
 
 def markdown(rows: list[dict], args) -> str:
-    lines = [f"pair {args.pair}, {args.max_tokens} tokens a request, {args.requests} requests a stream, -t {args.threads}"
+    lines = [f"{'model ' + Path(args.model).name if args.model else 'pair ' + args.pair}, {args.max_tokens} tokens a request, {args.requests} requests a stream, -t {args.threads}"
              + (", --exact" if args.exact else ""),
              "", "| mode | streams | FIFO agg tok/s | slots agg tok/s | slots / FIFO | FIFO per-stream | slots per-stream | same | load (FIFO / slots) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
