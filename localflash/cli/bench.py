@@ -79,7 +79,9 @@ def bench(
         watts=watts, price=price_kwh, repeat=repeat, console=err,
     )
     print_report(report, out)
-    if save and len(mode_list) > 1:
+    if save and len(mode_list) > 1 and cfg.rpc:  # a verdict is per pair and rig; this one measured the link too
+        out.print("[dim]verdict not saved: measured with --rpc servers[/]")
+    elif save and len(mode_list) > 1:
         path = save_verdict(report["verdict"])
         out.print(f"[dim]verdict saved to {path}[/]")
     if json_out:
