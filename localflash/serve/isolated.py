@@ -104,6 +104,13 @@ class IsolatedLLM:
     def info(self):
         return self._info
 
+    def slots(self) -> list[dict]:
+        """The one slot (``/slots``): busy while a request streams; the child's restarts so far."""
+        info = self._info
+        return [{"id": 0, "state": "decoding" if self.lock.locked() else "idle", "n_ctx": info.n_ctx, "drafter": info.drafter,
+                 "engine": "child process" + ("" if self._alive() else " (down: restarts on the next request)"),
+                 "restarts": self.restarts, "rpc": list(self.cfg.rpc)}]
+
     def stream(self, prompt, cancel=None, **params):
         """Send one request; raise its checks' error here (before any decoding), else return its chunk iterator."""
         self.lock.acquire()

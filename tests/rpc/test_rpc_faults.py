@@ -48,6 +48,8 @@ def test_server_killed_mid_stream_fails_that_request_and_serve_answers_the_next(
         log = server.text()
         assert f"engine restart without {b.endpoint}" in log and f"on {a.endpoint} and this machine" in log
         assert httpx.get(server.url + "/health").status_code == 200
+        (slot,) = httpx.get(server.url + "/slots").json()
+        assert slot["restarts"] == 1 and slot["rpc"] == [a.endpoint] and slot["state"] == "idle"
     finally:
         server.stop()
         a.kill()
