@@ -49,13 +49,7 @@ class Engine:
         st = stats if stats is not None else Stats()
         st.drafter = self.drafter.name if self.policy.max_draft else "none"
         sample = Sampler(sampling)
-        if not prompt:
-            raise LocalflashError("the prompt is empty")
-        if len(prompt) >= self.ctx.n_ctx:
-            raise LocalflashError(
-                f"the prompt has {len(prompt)} tokens but the context holds {self.ctx.n_ctx}",
-                hint="raise -c/--ctx or shorten the prompt",
-            )
+        check_prompt(prompt, self.ctx.n_ctx)
         t0 = self.clock()
         counts0 = dict(self.ctx.counts)
         last = sample(self._prefill(prompt, st))
@@ -180,6 +174,14 @@ class Engine:
     def close(self) -> None:
         self.drafter.close()
         self.ctx.close()
+
+
+def check_prompt(prompt: list[int], n_ctx: int, holder: str = "the context", hint: str = "raise -c/--ctx or shorten the prompt") -> None:
+    """Refuse an empty prompt, or one that leaves no room to generate in ``n_ctx`` positions."""
+    if not prompt:
+        raise LocalflashError("the prompt is empty")
+    if len(prompt) >= n_ctx:
+        raise LocalflashError(f"the prompt has {len(prompt)} tokens but {holder} holds {n_ctx}", hint=hint)
 
 
 def verify_block(ctx: Context, draft: list[int], sample, is_eog) -> list[int]:

@@ -28,7 +28,7 @@ import traceback
 
 from localflash.errors import LocalflashError
 from localflash.llama.sequences import SeqView, decode_views
-from localflash.speculative.loop import Engine, verify_block
+from localflash.speculative.loop import Engine, check_prompt, verify_block
 from localflash.speculative.sampling import Sampler
 from localflash.speculative.stats import Stats
 from localflash.speculative.step_policy import StepPolicy
@@ -72,13 +72,7 @@ class SlotEngine(Engine):
 
     def generate(self, prompt, max_tokens, sampling=None, stats=None, draft_max=None, cancel=None):
         st = stats if stats is not None else Stats()
-        if not prompt:
-            raise LocalflashError("the prompt is empty")
-        if len(prompt) >= self.ctx.n_ctx:
-            raise LocalflashError(
-                f"the prompt has {len(prompt)} tokens but a slot holds {self.ctx.n_ctx}",
-                hint="raise -c/--ctx, lower --parallel or shorten the prompt",
-            )
+        check_prompt(prompt, self.ctx.n_ctx, "a slot", "raise -c/--ctx, lower --parallel or shorten the prompt")
         req = _Request(list(prompt), max_tokens, sampling, draft_max, cancel)
         if cancel is not None and hasattr(cancel, "live"):
             cancel.live = req.stats  # the pool's own figures (the caller's copy lags by the emits not read yet)
