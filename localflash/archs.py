@@ -59,6 +59,15 @@ DRAFT_MAX = {"dflash": 15, "draft": 8, "eagle3": 8, "ngram": 8, "mtp": MTP_DRAFT
 EAGLE3_ENCODE_ROWS = 16  # rows per EAGLE-3 encoder pass: its output buffer holds that many logits rows (priced by plan/)
 
 
+TREE = "/tree"  # suffix of a bench mode: `dflash/tree15` verifies trees of at most 15 drafted tokens (--tree 15)
+
+
+def split_tree(mode: str) -> tuple[str, int | None]:
+    """A bench mode's drafter kind and tree budget: ``dflash/tree15`` -> (``dflash``, 15); no suffix: None."""
+    kind, sep, n = mode.partition(TREE)
+    return (kind, int(n)) if sep and n.isdigit() else (mode, None)
+
+
 def base_kind(kind: str) -> str:
     """The drafter behind a kind or --spec: ``dflash+ngram`` -> ``dflash``."""
     return kind.removesuffix(LOOKUP)

@@ -11,6 +11,11 @@ from localflash.archs import DRAFT_MAX, LOOKUP, MODEL_DRAFTERS, RECURRENT_ARCHS,
 from localflash.config import EXACT_MAX_ROWS, RunConfig
 from localflash.errors import LocalflashError
 
+# why --tree is refused on recurrent/hybrid targets (the measurement: docs/benchmarks.md, "Tree verification")
+TREE_ON_RECURRENT = ("--tree: a {arch} target keeps one recurrent state per sequence, so every branch of a tree "
+                     "would need its own copy of the whole state and llama.cpp splits a batch of branching sequences "
+                     "into one pass per sequence set")
+
 # weight types ggml's CPU backend multiplies by 2+ rows with llamafile's sgemm and by one row with vec_dot
 SGEMM_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL"}
 
@@ -89,6 +94,8 @@ def open_engine(cfg: RunConfig, target=None):
     from localflash.llama import Context, ContextOptions, Model, ModelOptions, verbose
     from localflash.llama.rollback import check_snapshot_depth
     from localflash.speculative.loop import Engine
+    from localflash.speculative.adapt import CostTable
+    from localflash.speculative.tree import MAX_LEAVES, TreeSize, TreeVerifier
     from localflash.plan import runtime_kwargs
 
     drafter_path = ensure_drafter_file(cfg) if base_kind(cfg.spec) in ("auto", *MODEL_DRAFTERS) else None
@@ -105,6 +112,12 @@ def open_engine(cfg: RunConfig, target=None):
     max_draft = default_draft_max(kind)
     if cfg.draft_max is not None:
         max_draft = min(max_draft, cfg.draft_max) if kind == "dflash" else cfg.draft_max
+    tree = cfg.tree or 0
+    if tree and (_arch_of(cfg.target) or "") in RECURRENT_ARCHS:
+        raise LocalflashError(TREE_ON_RECURRENT.format(arch=_arch_of(cfg.target)), hint="use --tree 0 (a chain) on this target")
+    if tree and cfg.parallel > 1:
+        raise LocalflashError("--tree verifies one request's tree in a unified cache; parallel slots each keep a stream of their own",
+                              hint="use --tree with --parallel 1, or slots with chains (--tree 0)")
     check_snapshot_depth(_arch_of(cfg.target) or "", max_draft, 512)
     from localflash.llama import rpc
 
@@ -149,9 +162,9 @@ def open_engine(cfg: RunConfig, target=None):
             n_ctx=plan.n_ctx,
             n_batch=plan.n_batch,
             n_ubatch=plan.n_ubatch,
-            n_outputs_max=min(n_seq * max(max_draft + 1, 1), plan.n_batch),
-            n_seq_max=n_seq,
-            kv_unified=False,  # one KV stream per slot: each sequence's cells lie as they would in a context of its own
+            n_outputs_max=max(min(n_seq * max(max_draft + 1, 1), plan.n_batch), tree + 1, MAX_LEAVES if tree else 1),  # >= n_seq_max
+            n_seq_max=MAX_LEAVES if tree else n_seq,
+            kv_unified=bool(tree),  # slots: one KV stream each, cells laid out as in a context of its own; a tree: shared cells
             n_threads=cfg.threads,
             type_k=plan.type_k,
             type_v=plan.type_v,
@@ -171,8 +184,10 @@ def open_engine(cfg: RunConfig, target=None):
         pool.plan = plan
         return pool
     drafter = make_drafter(spec, target, ctx, drafter_model, n_ctx=drafter_ctx, max_draft=max_draft, threads=cfg.threads,
-                           p_min=cfg.p_min, kv=plan.type_k)
+                           p_min=cfg.p_min, kv=plan.type_k, in_graph_argmax=False if tree else None)
     engine = Engine(target, ctx, drafter, adaptive=cfg.adaptive, draft_max=max_draft)
+    if tree:  # adaptive: each cycle verifies as much of the tree as pays (TreeSize); --fixed: all of it
+        engine.tree = TreeVerifier(tree, size=TreeSize(CostTable()) if cfg.adaptive else None)
     engine.plan = plan
     if verbose():
         import sys

@@ -14,14 +14,14 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timezone
 
-from localflash.archs import KINDS as MODES, MODEL_DRAFTERS, SYNTHETIC, base_kind
+from localflash.archs import KINDS as MODES, MODEL_DRAFTERS, SYNTHETIC, TREE, base_kind, split_tree
 from localflash.bench.prompts import BenchPrompt
 from localflash.bench.rig import peak_rss_bytes, rig_info
 from localflash.bench.verdicts import make_verdict, pair_key
 from localflash.errors import LocalflashError
 from localflash.speculative.stats import Stats
 
-COUNTS = ("generated", "committed", "cycles", "drafted", "accepted")
+COUNTS = ("generated", "committed", "cycles", "drafted", "accepted", "rows", "tree_cycles", "tree_nodes")
 
 
 def _totals(stats: list[Stats]) -> Stats:
@@ -43,6 +43,8 @@ def _summary(stats: list[Stats], same: int, plain_tps: float | None, watts: floa
         tok_s=tok_s,
         speedup=tok_s / plain_tps if plain_tps else 1.0,
         tau=t.tau,
+        tau_per_row=t.tau_per_row,
+        mean_tree_nodes=t.mean_tree_nodes,
         acceptance=t.acceptance,
         accept_hist=list(t.accept_hist),
         pos_tries=list(t.pos_tries),
@@ -79,9 +81,11 @@ def check_modes(modes: list[str], cfg, synthetic: list[str] | None = None) -> li
             continue
         if not m or m in out:
             continue
-        if m not in MODES:
-            raise LocalflashError(f"unknown bench mode {m!r}", hint=f"use a comma list of {', '.join(MODES)}")
-        if base_kind(m) in MODEL_DRAFTERS and cfg.drafter is None and not cfg.derive:
+        kind, budget = split_tree(m)
+        if kind not in MODES or kind == "none" and budget is not None or TREE in m and budget is None:
+            raise LocalflashError(f"unknown bench mode {m!r}", hint=f"use a comma list of {', '.join(MODES)}, "
+                                  f"each with an optional {TREE}N (a tree of N drafted tokens: dflash{TREE}15)")
+        if base_kind(kind) in MODEL_DRAFTERS and cfg.drafter is None and not cfg.derive:
             raise LocalflashError(f"bench mode {m} needs a drafter", hint="pass --drafter PATH or a pair that has one")
         out.append(m)
     return out
@@ -110,7 +114,7 @@ def run_bench(
     from localflash.speculative.sampling import SamplingParams
 
     # one model for every mode: with its MTP block when a mode drafts with it (the trunk is the same)
-    mtp = any(base_kind(m) == "mtp" for m in modes)
+    mtp = any(base_kind(split_tree(m)[0]) == "mtp" for m in modes)
     if cfg.rpc:  # blocks on rpc-servers: the first engine loads the target as its plan says; the vocabulary is enough here
         target = Model(cfg.target, ModelOptions(vocab_only=True))
     else:
@@ -140,7 +144,9 @@ def run_bench(
     engines = {}
     try:
         for m in modes:
-            engines[m] = open_engine(replace(cfg, spec=m), target=None if cfg.rpc and not engines else target)
+            kind, budget = split_tree(m)
+            engines[m] = open_engine(replace(cfg, spec=kind, tree=budget if budget is not None else cfg.tree),
+                                     target=None if cfg.rpc and not engines else target)
             target = engines[m].target
         for m, eng in engines.items():  # warm-up: page in weights, calibrate the draft-length policy
             for _ in eng.generate(tokenized[0], min(16, max_tokens), SamplingParams()):
@@ -233,6 +239,7 @@ def run_bench(
             "draft_max": cfg.draft_max,
             "threads": cfg.threads,
             "exact": cfg.exact,
+            "tree": cfg.tree,
             "n_gpu_layers": cfg.n_gpu_layers,
         },
         "modes": modes,

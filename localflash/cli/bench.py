@@ -15,7 +15,7 @@ from localflash.cli.options import MAX_TOKENS, PARALLEL, RAW, LoadFlags, Samplin
 @shared_options
 def bench(
     load: LoadFlags = use(skip=("spec",)),
-    modes: Optional[str] = typer.Option(None, "--modes", help="Comma list of none, ngram, draft, dflash, mtp, dflash+ngram, draft+ngram, mtp+ngram, or 'all' (default: plain + the pair's kind); synthetic: a benchmark-only oracle drafter (see --synthetic-accept)."),
+    modes: Optional[str] = typer.Option(None, "--modes", help="Comma list of none, ngram, draft, dflash, mtp, dflash+ngram, draft+ngram, mtp+ngram, or 'all' (default: plain + the pair's kind), each with an optional /treeN (dflash/tree15: trees of 15 drafted tokens); synthetic: a benchmark-only oracle drafter (see --synthetic-accept)."),
     prompts: str = typer.Option("spec_bench", "--prompts", help="spec_bench | humaneval | FILE.jsonl."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Prompts per category (0: all; default: 3 of each named set's categories, all of a FILE)."),
     max_tokens: int = MAX_TOKENS.option(128),

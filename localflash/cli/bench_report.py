@@ -45,6 +45,10 @@ def print_report(report: dict, console) -> None:
         console.print(Text.assemble((f"{m}", "bold"), f": drafts accepted per cycle{note}"))
         if hist:
             console.print(histogram(hist))
+        if allr.get("tree_cycles"):
+            depths = " ".join(f"{100 * a:.0f}%" for a in allr["position_acceptance"])
+            console.print(f"  trees of {allr['mean_tree_nodes']:.1f} drafted tokens in {allr['tree_cycles']}/{allr['cycles']} cycles; "
+                          f"τ {allr['tau']:.2f}, {allr['tau_per_row']:.3f} per verified row; acceptance by depth: {depths}")
     rss = report.get("peak_rss_bytes")
     console.print(f"peak memory (RSS, all modes loaded): {fmt_bytes(rss) if rss else 'unknown'}")
     if energy.get("watts"):

@@ -26,7 +26,7 @@ from localflash.archs import LAYER_INPUT_ARCHS
 from localflash.errors import LocalflashError
 from localflash.llama import Context, ContextOptions, Model, gpu_offload_supported
 from localflash.speculative.drafter import Drafter
-
+from localflash.speculative.tree import TOP_K, Tree, best_first, top_candidates_rows
 
 
 def check_dflash_pair(target: Model, drafter: Model) -> list[int]:
@@ -143,6 +143,36 @@ class DFlashDrafter(Drafter):
                 drafts = self.ctx.all_logits()[1 : k + 1].argmax(axis=1).tolist()
         self.ctx.seq_rm(n_past)
         return drafts
+
+    def propose_tree(self, history: list[int], n_past: int, k: int, budget: int) -> Tree:
+        """DDTree: the block's per-position top candidates, grown best-first by cumulative drafter probability.
+
+        DFlash1 positions are marginals given the anchor, so a node's children are its depth's candidates;
+        DFlash2's selector scores each candidate given the one before it, so they depend on the node.
+        """
+        k = min(k, self.max_draft)
+        if k <= 0 or self.n_injected != n_past or self.in_graph:  # in-graph argmax: no logits to branch on
+            return Tree.chain(history[-1], self.propose(history, n_past, min(k, budget)))
+        block = [history[-1]] + [self.mask] * self.max_draft
+        if self.top_k:
+            self.ctx.decode(block, n_past, "none")
+            rows = self.ctx.nextn_rows(len(block))
+            kk = self.top_k
+
+            def expand(depth, pred):
+                row = rows[depth + 1]
+                scores = row[kk + pred * kk : kk + (pred + 1) * kk].astype(np.float64)
+                order = np.argsort(-scores, kind="stable")
+                logp = scores - scores.max() - np.log(np.exp(scores - scores.max()).sum())
+                return row[order].astype(np.int64), logp[order], order
+
+            tree = best_first(history[-1], expand, budget, k, root_state=0)
+        else:
+            self.ctx.decode(block, n_past, "all")
+            ids, logp = top_candidates_rows(self.ctx.all_logits()[1 : k + 1], TOP_K)
+            tree = best_first(history[-1], lambda depth, _: (ids[depth], logp[depth], None), budget, k)
+        self.ctx.seq_rm(n_past)
+        return tree
 
     def close(self) -> None:
         self.ctx.close()

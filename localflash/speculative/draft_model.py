@@ -7,6 +7,7 @@ import numpy as np
 from localflash.errors import LocalflashError
 from localflash.llama import Context, ContextOptions, Model
 from localflash.speculative.drafter import Drafter
+from localflash.speculative.tree import Tree, chain_with_siblings, top_candidates
 
 
 def check_same_vocab(target: Model, drafter: Model, samples: int = 256) -> None:
@@ -91,6 +92,17 @@ class DraftModelDrafter(Drafter):
         k = min(k, self.max_draft)
         if k <= 0:
             return []
+        return self._draft(history, k)
+
+    def propose_tree(self, history: list[int], n_past: int, k: int, budget: int) -> Tree:
+        """The greedy chain plus each step's next-best tokens as side leaves (best-first by cumulative probability)."""
+        k = min(k, self.max_draft, budget)
+        steps: list = []
+        chain = self._draft(history, k, steps) if k > 0 else []
+        return chain_with_siblings(history[-1], chain, steps, budget)
+
+    def _draft(self, history: list[int], k: int, steps: list | None = None) -> list[int]:
+        """Greedy drafts; with ``steps``, each step's top candidates and log-probabilities are appended to it."""
         self._catch_up(history, want_logits=True, max_gap=CATCH_UP_MAX)
         # a hybrid drafter's rejected tokens span several one-token decodes, which no snapshot
         # undoes: keep its state here, restored (and the accepted tokens replayed) next cycle
@@ -102,6 +114,8 @@ class DraftModelDrafter(Drafter):
             if self.p_min > 0.0 and 1.0 / np.exp(logits - logits[tok]).sum() < self.p_min:
                 break
             drafts.append(tok)
+            if steps is not None:
+                steps.append(top_candidates(logits))
             if len(drafts) == k:
                 break
             self.ctx.decode([tok], len(self.kv), "last")

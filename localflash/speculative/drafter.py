@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from localflash.speculative.tree import MAX_LEAVES, Tree, depth_first
+
 
 class Drafter:
     """Proposes tokens that the target then verifies in one pass.
@@ -31,6 +33,11 @@ class Drafter:
         """Up to ``k`` tokens to follow ``history`` (whose last token sits at position ``n_past``)."""
         return []
 
+    def propose_tree(self, history: list[int], n_past: int, k: int, budget: int):
+        """A tree of at most ``budget`` drafted nodes, at most ``k`` deep, rooted at ``history[-1]``
+        (``speculative/tree.py``); a drafter without alternatives offers its chain, the one-leaf tree."""
+        return Tree.chain(history[-1], self.propose(history, n_past, min(k, budget)))
+
     def close(self) -> None:
         """Release the drafter's model and context."""
 
@@ -55,14 +62,15 @@ class NgramDrafter(Drafter):
     name = "ngram"
     cost_grows_with_length = False
 
-    def __init__(self, max_draft: int = 8, max_ngram: int = 4, min_ngram: int = 3, window: int = 4096):
+    def __init__(self, max_draft: int = 8, max_ngram: int = 4, min_ngram: int = 3, window: int = 4096, branches: int = 4):
         self.max_draft = max_draft
+        self.branches = branches  # earlier occurrences kept per n-gram: a tree's branches
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.window = window
         self._seen: list[int] = []  # a copy of the history the index was built from, to notice a new one
         self._src: list[int] | None = None  # the list last seen: if it only grew in place, no full comparison
-        self._index: dict[int, dict[tuple, int]] = {size: {} for size in range(min_ngram, max_ngram + 1)}
+        self._index: dict[int, dict[tuple, list[int]]] = {size: {} for size in range(min_ngram, max_ngram + 1)}
         self._end = 0  # n-grams ending at or before this index are in ``_index``
 
     def _sync(self, history: list[int]) -> None:
@@ -80,7 +88,10 @@ class NgramDrafter(Drafter):
             for size, table in self._index.items():
                 s = end - size
                 if s >= 0:
-                    table[tuple(history[s:end])] = s
+                    starts = table.setdefault(tuple(history[s:end]), [])
+                    starts.append(s)  # oldest first
+                    if len(starts) > self.branches:
+                        del starts[0]
         self._end = max(self._end, n - 1)
         self._src = history
 
@@ -96,11 +107,45 @@ class NgramDrafter(Drafter):
         n = min(total, self.window)
         lo = total - n  # first index inside the window
         for size in range(min(self.max_ngram, n - 1), self.min_ngram - 1, -1):
-            s = self._index[size].get(tuple(history[total - size :]))
-            if s is not None and s >= lo:
-                start = s + size
+            starts = self._index[size].get(tuple(history[total - size :]))
+            if starts and starts[-1] >= lo:
+                start = starts[-1] + size
                 return list(history[start : min(start + k, total)])
         return []
+
+    def propose_tree(self, history: list[int], n_past: int, k: int, budget: int) -> Tree:
+        """The continuations of the suffix's earlier occurrences as branches: longest match first, then the most
+        recent (the chain :meth:`propose` drafts is the first path); shared prefixes merge."""
+        k = min(k, self.max_draft)
+        if k <= 0 or budget <= 0:
+            return Tree.chain(history[-1], [])
+        self._sync(history)
+        total = len(history)
+        n = min(total, self.window)
+        lo = total - n
+        conts, seen = [], set()
+        for size in range(min(self.max_ngram, n - 1), self.min_ngram - 1, -1):
+            for s in reversed(self._index[size].get(tuple(history[total - size :]), ())):
+                if s >= lo and s + size not in seen:
+                    seen.add(s + size)
+                    conts.append(history[s + size : min(s + size + k, total)])
+        tokens, parents = [history[-1]], [-1]
+        kids: list[dict[int, int]] = [{}]
+        leaves = 1
+        for cont in conts:
+            node = 0
+            for tok in cont:
+                nxt = kids[node].get(tok)
+                if nxt is None:
+                    if len(tokens) - 1 >= budget or (kids[node] and leaves >= MAX_LEAVES):
+                        break
+                    leaves += bool(kids[node])
+                    nxt = kids[node][tok] = len(tokens)
+                    tokens.append(tok)
+                    parents.append(node)
+                    kids.append({})
+                node = nxt
+        return depth_first(tokens, parents, [0.0] * len(tokens))
 
 
 class LookupFirstDrafter(Drafter):
@@ -140,6 +185,14 @@ class LookupFirstDrafter(Drafter):
             return draft
         self.modelled += 1
         return self.model.propose(history, n_past, k)
+
+    def propose_tree(self, history: list[int], n_past: int, k: int, budget: int):
+        tree = self.lookup.propose_tree(history, n_past, k, budget)
+        if tree.n > 1:
+            self.looked_up += 1
+            return tree
+        self.modelled += 1
+        return self.model.propose_tree(history, n_past, k, budget)
 
     def close(self) -> None:
         self.model.close()

@@ -33,6 +33,7 @@ from localflash.formats.gguf_meta import read_meta
 from localflash.llama import Context, ContextOptions, Model
 from localflash.llama.ext_batch import ExtBatch
 from localflash.speculative.drafter import Drafter
+from localflash.speculative.tree import Tree, chain_with_siblings, top_candidates
 
 P_MIN_TOP_K = 10
 
@@ -141,6 +142,16 @@ class Eagle3Drafter(Drafter):
         self.pending = g[n_committed - 1].copy()
 
     def propose(self, history: list[int], n_past: int, k: int) -> list[int]:
+        return self._draft(history, n_past, k)
+
+    def propose_tree(self, history: list[int], n_past: int, k: int, budget: int) -> Tree:
+        """The greedy chain plus each step's next-best tokens as side leaves (best-first by cumulative probability)."""
+        steps: list = []
+        chain = self._draft(history, n_past, min(k, budget), steps)
+        return chain_with_siblings(history[-1], chain, steps, budget)
+
+    def _draft(self, history: list[int], n_past: int, k: int, steps: list | None = None) -> list[int]:
+        """Greedy drafts; with ``steps``, each step's top candidates and log-probabilities are appended to it."""
         k = min(k, self.max_draft)
         if k <= 0 or self.pending is None or self.n_written != n_past - 1:
             return []
@@ -156,6 +167,8 @@ class Eagle3Drafter(Drafter):
                 if 1.0 / float(np.exp(top - logits[tok]).sum()) < self.p_min:
                     break
             drafts.append(tok)
+            if steps is not None:
+                steps.append(top_candidates(logits))
             if len(drafts) == k:
                 break
             pos += 1

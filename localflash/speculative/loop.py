@@ -39,6 +39,7 @@ class Engine:
         self.tokens: list[int] = []  # committed tokens in the target cache, positions 0..len-1
         self.calibrated = False
         self.drafting = True  # switched off by /draft off or a phase policy
+        self.tree = None  # a TreeVerifier (--tree): cycles verify a token tree instead of a chain
 
     def generate(self, prompt: list[int], max_tokens: int, sampling: SamplingParams | None = None, stats: Stats | None = None,
                  draft_max: int | None = None) -> Iterator[list[int]]:
@@ -77,24 +78,13 @@ class Engine:
                 limit = min(room, max_tokens - st.generated - 1, self.policy.max_draft if draft_max is None else draft_max)
                 drafting = self.drafting and n_past + 1 + self.policy.max_draft <= self.drafter.ctx_limit
                 k = self.policy.choose(limit) if drafting else 0
-                td = self.clock()
-                draft = self.drafter.propose(history, n_past, k) if k else []
-                t_draft = self.clock() - td
-                tv = self.clock()
-                if draft and self.ctx.recurrent and len(draft) > self.ctx.n_rs_seq:
-                    self.ctx.checkpoint(transient=True)  # no snapshot reaches back (qwen3next): restore + replay on a miss
-                self.ctx.decode([last] + draft, n_past, "all" if draft else "last")
-                new = verify_block(self.ctx, draft, sample, self.target.is_eog)
-                m = len(new) - 1  # drafts accepted
-                self.tokens += [last] + draft[:m]
-                if m < len(draft):
-                    self._cut(len(self.tokens))
-                t_verify = self.clock() - tv
-                td2 = self.clock()
-                self.drafter.on_target_decode(self.ctx, n_past, m + 1)
-                t_draft += self.clock() - td2
-                self.policy.record(len(draft), m, t_verify, t_draft)
-                st.record_cycle(len(draft), m, len(new))
+                if self.tree is not None and k:  # --tree: one pass over a token tree (speculative/tree.py)
+                    new, tree, path, t_draft, t_verify = self.tree.cycle(self, history, last, n_past, k, sample)
+                    depth = int(tree.depth.max())  # the policy's k is a tree's depth; its costs are the tree's
+                    self.policy.record(depth, len(path) - 1, t_verify, t_draft)
+                    st.record_cycle(tree.n - 1, len(path) - 1, len(new), depth=depth, leaves=tree.n_leaves)
+                else:
+                    new, t_draft, t_verify = self._chain_cycle(history, last, n_past, k, sample, st)
                 st.t_target += t_verify
                 st.t_draft += t_draft
                 last = new[-1]
@@ -115,6 +105,28 @@ class Engine:
             st.snapshot_rollbacks += self.ctx.counts["snapshot"] - counts0["snapshot"]
             st.checkpoint_restores += self.ctx.counts["restore"] - counts0["restore"]
             # ``last`` is never in the cache: the next request re-decodes it if its prompt continues here
+
+    def _chain_cycle(self, history: list[int], last: int, n_past: int, k: int, sample, st: Stats):
+        """Draft up to ``k`` tokens, verify ``[last] + draft`` in one pass, commit; (new tokens, t_draft, t_verify)."""
+        td = self.clock()
+        draft = self.drafter.propose(history, n_past, k) if k else []
+        t_draft = self.clock() - td
+        tv = self.clock()
+        if draft and self.ctx.recurrent and len(draft) > self.ctx.n_rs_seq:
+            self.ctx.checkpoint(transient=True)  # no snapshot reaches back (qwen3next): restore + replay on a miss
+        self.ctx.decode([last] + draft, n_past, "all" if draft else "last")
+        new = verify_block(self.ctx, draft, sample, self.target.is_eog)
+        m = len(new) - 1  # drafts accepted
+        self.tokens += [last] + draft[:m]
+        if m < len(draft):
+            self._cut(len(self.tokens))
+        t_verify = self.clock() - tv
+        td2 = self.clock()
+        self.drafter.on_target_decode(self.ctx, n_past, m + 1)
+        t_draft += self.clock() - td2
+        self.policy.record(len(draft), m, t_verify, t_draft)
+        st.record_cycle(len(draft), m, len(new))
+        return new, t_draft, t_verify
 
     def _prefill(self, prompt: list[int], st: Stats):
         """Decode the part of ``prompt`` not already cached; return the last row's logits."""
@@ -144,8 +156,10 @@ class Engine:
     def _calibrate(self) -> None:
         """Time target passes of 1..max+1 tokens at the current position, then drop them."""
         n_past = len(self.tokens)
-        sizes = sorted({1, 2, 3, 4, 6, 8, 12, 16, self.policy.max_draft + 1})
-        sizes = [s for s in sizes if s <= self.policy.max_draft + 1 and n_past + s < self.ctx.n_ctx]
+        top = max(self.policy.max_draft, self.tree.budget if self.tree else 0) + 1
+        # a tree's sizes too, and 9 beside 8: CUDA's quantized mat-vec kernel batches up to 8 rows
+        sizes = sorted({1, 2, 3, 4, 6, 8, 12, 16, top} | ({9, 24, 32, 48} if self.tree else set()))
+        sizes = [s for s in sizes if s <= top and n_past + s < self.ctx.n_ctx]
         filler = self.tokens[-1:] or [self.target.bos]
         self.ctx.checkpoint(transient=True)  # recurrent memory: dropping a whole decode needs a restore
         for size in sizes:

@@ -28,6 +28,9 @@ class Stats:
     accept_hist: list[int] = field(default_factory=list)  # [m] = cycles that accepted m drafts
     pos_tries: list[int] = field(default_factory=list)  # [j] = drafts offered at block position j
     pos_hits: list[int] = field(default_factory=list)
+    rows: int = 0  # target rows verified by decode cycles (drafted + 1 per drafting cycle, 1 per plain step)
+    tree_cycles: int = 0  # cycles that verified a branching tree (--tree)
+    tree_nodes: int = 0  # drafted nodes of those trees
     t_prefill: float = 0.0
     t_calibrate: float = 0.0  # the adaptive draft length's one-off timing passes (an engine's first request), between prefill and decode
     t_decode: float = 0.0  # wall time of the decode phase (calibration excluded)
@@ -38,13 +41,21 @@ class Stats:
     snapshot_rollbacks: int = 0  # cuts served by recurrent-state snapshots
     checkpoint_restores: int = 0  # cuts served by restoring a recurrent-state checkpoint (then replay / re-prefill)
 
-    def record_cycle(self, n_drafted: int, n_accepted: int, n_committed: int) -> None:
+    def record_cycle(self, n_drafted: int, n_accepted: int, n_committed: int, depth: int | None = None, leaves: int = 1) -> None:
+        """One cycle: ``n_drafted`` tokens (a tree's nodes, ``depth`` deep) of which ``n_accepted`` on the accepted path.
+
+        ``pos_tries``/``pos_hits`` count by depth: a depth is tried when the walk reaches it.
+        """
         self.cycles += 1
         self.drafted += n_drafted
         self.accepted += n_accepted
         self.committed += n_committed
+        self.rows += n_drafted + 1
+        if leaves > 1:
+            self.tree_cycles += 1
+            self.tree_nodes += n_drafted
         _bump(self.accept_hist, n_accepted)
-        for j in range(min(n_accepted + 1, n_drafted)):
+        for j in range(min(n_accepted + 1, n_drafted if depth is None else depth)):
             _bump(self.pos_tries, j)
             if j < n_accepted:
                 _bump(self.pos_hits, j)
@@ -53,6 +64,15 @@ class Stats:
     def tau(self) -> float:
         """Mean committed tokens per target pass (bonus token included)."""
         return self.committed / self.cycles if self.cycles else 0.0
+
+    @property
+    def tau_per_row(self) -> float:
+        """Committed tokens per verified target row: what a pass buys where each row costs (a CPU)."""
+        return self.committed / self.rows if self.rows else 0.0
+
+    @property
+    def mean_tree_nodes(self) -> float:
+        return self.tree_nodes / self.tree_cycles if self.tree_cycles else 0.0
 
     @property
     def acceptance(self) -> float:
@@ -78,7 +98,7 @@ class Stats:
     def merge(self, other: "Stats") -> None:
         """Add another request's counts (cumulative session stats)."""
         for name in ("prompt_tokens", "cached_tokens", "generated", "committed", "cycles", "drafted", "accepted",
-                     "snapshot_rollbacks", "checkpoint_restores"):
+                     "snapshot_rollbacks", "checkpoint_restores", "rows", "tree_cycles", "tree_nodes"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("t_prefill", "t_calibrate", "t_decode", "t_target", "t_draft"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -102,6 +122,8 @@ class Stats:
             host_ms_per_cycle=1000 * self.t_host / self.cycles if self.cycles else 0.0,
             host_share=self.t_host / self.t_decode if self.t_decode > 0 else 0.0,
             position_acceptance=self.position_acceptance,
+            tau_per_row=self.tau_per_row,
+            mean_tree_nodes=self.mean_tree_nodes,
         )
         return d
 
@@ -112,6 +134,8 @@ class Stats:
         )
         if self.drafter != "none":
             line += f" | {self.drafter}: τ {self.tau:.2f}, accepted {self.accepted}/{self.drafted} ({100 * self.acceptance:.0f}%)"
+            if self.tree_cycles:
+                line += f", tree {self.mean_tree_nodes:.1f} nodes in {self.tree_cycles}/{self.cycles} cycles"
         if self.t_calibrate:
             line += f" | calibration {1000 * self.t_calibrate:.0f} ms (once per engine)"
         if self.rollback in ("snapshot", "replay"):

@@ -1,0 +1,359 @@
+"""Tree verification: one target pass over a tree of drafted tokens, and the lossless walk down it.
+
+A drafter with a distribution proposes several continuations at once; they
+share their prefixes, so they form a tree whose root is the last committed
+token. The target verifies the whole tree in one decode through llama.cpp's
+own masking: every root-to-leaf path is a sequence id, a node belongs to the
+sequences of the leaves below it and sits at position ``n_past + depth``, so
+in a unified KV cache it attends to exactly its ancestors and the committed
+prefix. The walk then samples the target's token at the root (greedy, or the
+request's seeded sampler, one draw per position exactly as plain decoding
+draws), descends to the child holding that token and repeats; the first node
+without such a child gives the target's own token (the bonus). Every emitted
+token is the target's sample given the tokens before it, so the output is
+plain decoding's. A chain is the one-leaf tree: it decodes as one sequence.
+
+After the walk the accepted path stays in sequence 0 and every other node's
+cells are freed. The nodes are laid out depth-first with each node's likeliest
+child first, so the drafter's own best chain is the first path and sits in
+consecutive cells; an accepted path that leaves it would sit in cells out of
+position order, which changes how attention sums (the last bits of the
+logits, enough to flip a near-tie of greedy decoding now and then), so
+``compact`` decodes that part of the path again into the cells right after the
+committed text: one more (short) target pass in the cycles that take a side branch.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from localflash.errors import LocalflashError
+
+TOP_K = 8  # candidates per node that a drafter's distribution offers the expansion
+MAX_LEAVES = 16  # sequence ids a tree may use (the target context's n_seq_max)
+
+
+@dataclass
+class Tree:
+    """Nodes in depth-first order (node 0: the root, the last committed token); ``parents[i] < i``."""
+
+    tokens: np.ndarray  # int32 [n]
+    parents: np.ndarray  # int32 [n], parents[0] = -1
+    scores: np.ndarray = field(default=None)  # drafter log-probability of each node's path (0 at the root), if known
+    rank: np.ndarray = field(default=None)  # the order nodes were chosen in (best first): the first j form the best j-node tree
+    depth: np.ndarray = field(init=False)
+    seqs: list = field(init=False)  # each node's sequence ids: the leaves below it
+    n_leaves: int = field(init=False)
+    _children: list = field(init=False)
+
+    def __post_init__(self):
+        n = len(self.tokens)
+        self.tokens = np.asarray(self.tokens, np.int32)
+        self.parents = np.asarray(self.parents, np.int32)
+        if self.scores is None:
+            self.scores = np.zeros(n)
+        if self.rank is None:
+            self.rank = np.arange(n)
+        self.depth = np.zeros(n, np.int32)
+        self._children = [dict() for _ in range(n)]
+        for i in range(1, n):
+            p = int(self.parents[i])
+            if not 0 <= p < i:
+                raise ValueError(f"node {i}: parent {p} must come before it")
+            self.depth[i] = self.depth[p] + 1
+            self._children[p].setdefault(int(self.tokens[i]), i)  # a repeated token: the first (likelier) child
+        leaf = [not c for c in self._children]
+        first = np.full(n, -1, np.int64)
+        last = np.full(n, -1, np.int64)
+        seq = 0
+        for i in range(n):  # depth-first order: a node's leaves are numbered consecutively
+            if leaf[i]:
+                first[i] = last[i] = seq
+                seq += 1
+        for i in range(n - 1, 0, -1):
+            p = self.parents[i]
+            first[p] = first[i] if first[p] < 0 else min(first[p], first[i])
+            last[p] = max(last[p], last[i])
+        self.n_leaves = seq
+        self.seqs = [list(range(int(first[i]), int(last[i]) + 1)) for i in range(n)]
+
+    @classmethod
+    def chain(cls, root: int, draft: list[int]) -> "Tree":
+        """The one-leaf tree: ``root`` followed by ``draft``."""
+        return cls(np.array([root] + list(draft), np.int32), np.arange(-1, len(draft), dtype=np.int32))
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.n_leaves == 1
+
+    def child(self, node: int, token: int) -> int:
+        """The child of ``node`` holding ``token``, or -1."""
+        return self._children[node].get(token, -1)
+
+    def path(self, node: int) -> list[int]:
+        out = [node]
+        while out[-1] > 0:
+            out.append(int(self.parents[out[-1]]))
+        return out[::-1]
+
+
+def depth_first(tokens: list[int], parents: list[int], scores: list[float]) -> Tree:
+    """A Tree from nodes in any parent-first order, laid out depth-first, each node's children in the given order."""
+    n = len(tokens)
+    kids: list[list[int]] = [[] for _ in range(n)]
+    for i in range(1, n):
+        kids[parents[i]].append(i)
+    order, stack = [], [0]
+    while stack:
+        i = stack.pop()
+        order.append(i)
+        stack.extend(reversed(kids[i]))
+    where = {old: new for new, old in enumerate(order)}
+    return Tree(np.array([tokens[i] for i in order], np.int32),
+                np.array([-1] + [where[parents[i]] for i in order[1:]], np.int32),
+                np.array([scores[i] for i in order]), np.array(order))
+
+
+def prune(tree: Tree, n: int) -> Tree:
+    """The first ``n`` drafted nodes ``tree`` chose (by rank): the best tree of that size, still depth-first."""
+    if n >= tree.n - 1:
+        return tree
+    keep = np.flatnonzero(tree.rank <= n)  # ancestors rank before their children: a subtree
+    where = np.full(tree.n, -1, np.int64)
+    where[keep] = np.arange(len(keep))
+    parents = np.array([-1] + [where[p] for p in tree.parents[keep[1:]]], np.int32)
+    return Tree(tree.tokens[keep], parents, tree.scores[keep], tree.rank[keep])
+
+
+def best_first(root: int, expand, budget: int, max_depth: int, root_state=None) -> Tree:
+    """Grow a tree of at most ``budget`` drafted nodes by cumulative drafter log-probability (DDTree's order).
+
+    ``expand(depth, state)`` gives a node's candidate children: (token ids, log-probabilities, states),
+    best first; ``depth`` is the node's own (the root's is 0). Each step adds the best-scoring candidate
+    of any node in the tree (a path's score is the sum of its log-probabilities), so the first ``j`` nodes
+    added are the best tree of ``j`` nodes for every ``j``; children come out in the order they were added.
+    """
+    tokens, parents, scores = [root], [-1], [0.0]
+    heap: list = []
+    tie = 0
+
+    def offer(node: int, depth: int, state) -> None:
+        nonlocal tie
+        if depth >= max_depth:
+            return
+        ids, logp, states = expand(depth, state)
+        if len(ids):
+            heapq.heappush(heap, (-(scores[node] + float(logp[0])), tie, node, depth, ids, logp, states, 0))
+            tie += 1
+
+    offer(0, 0, root_state)
+    leaves = 1
+    while heap and len(tokens) - 1 < budget:
+        neg, _, parent, depth, ids, logp, states, j = heapq.heappop(heap)
+        if j > 0:  # a second child: one more leaf (a first child takes its parent's place as a leaf)
+            if leaves >= MAX_LEAVES:
+                continue
+            leaves += 1
+        tokens.append(int(ids[j]))
+        parents.append(parent)
+        scores.append(-neg)
+        node = len(tokens) - 1
+        if j + 1 < len(ids):  # the next sibling
+            heapq.heappush(heap, (-(scores[parent] + float(logp[j + 1])), tie, parent, depth, ids, logp, states, j + 1))
+            tie += 1
+        offer(node, depth + 1, None if states is None else states[j])
+    return depth_first(tokens, parents, scores)
+
+
+def top_candidates(logits: np.ndarray, k: int = TOP_K) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` likeliest tokens of one row of logits (best first, ties by id) and their log-probabilities."""
+    ids, logp = top_candidates_rows(logits[None, :], k)
+    return ids[0], logp[0]
+
+
+def top_candidates_rows(rows: np.ndarray, k: int = TOP_K) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`top_candidates` of every row of ``rows`` at once: ``[n, k]`` ids and log-probabilities."""
+    k = min(k, rows.shape[1])
+    ids = np.argpartition(-rows, k - 1, axis=1)[:, :k]
+    vals = np.take_along_axis(rows, ids, axis=1).astype(np.float64)
+    order = np.lexsort((ids, -vals), axis=1)
+    ids, vals = np.take_along_axis(ids, order, axis=1), np.take_along_axis(vals, order, axis=1)
+    top = vals[:, :1]
+    lse = top[:, 0] + np.log(np.exp(rows - top.astype(np.float32)).sum(axis=1, dtype=np.float64))
+    return ids.astype(np.int64), vals - lse[:, None]
+
+
+def chain_with_siblings(root: int, chain: list[int], steps: list[tuple[np.ndarray, np.ndarray]], budget: int) -> Tree:
+    """A drafter's greedy chain plus, at each depth, the next-best tokens of that step as leaves.
+
+    ``steps[d]`` is the distribution the chain's token at depth ``d + 1`` was drawn from (top
+    candidates, best first; the chain's own token among them). For drafters that decode one
+    token at a time (draft model, EAGLE-3): the side leaves cost the drafter nothing more.
+    """
+    def expand(depth, on_chain):
+        if not on_chain or depth >= len(chain):
+            return (), (), None
+        ids, logp = steps[depth]
+        ids, logp = list(ids), list(logp)
+        want = chain[depth]
+        if want in ids:
+            j = ids.index(want)
+            ids.insert(0, ids.pop(j))
+            logp.insert(0, logp.pop(j))
+        else:  # p_min or a vocabulary map kept it out of the top: the chain still comes first
+            ids.insert(0, want)
+            logp.insert(0, logp[0])
+        return ids, np.array(logp), [True] + [False] * (len(ids) - 1)
+
+    return best_first(root, expand, budget, len(chain), root_state=True)
+
+
+def walk(tree: Tree, rows, sample, is_eog) -> tuple[list[int], list[int]]:
+    """The accepted path (node ids, root first) and the committed tokens: the accepted drafts and the bonus.
+
+    Row ``i`` of ``rows`` is the target's logits at node ``i``; each visited node's row is sampled once.
+    """
+    node, path, new = 0, [0], []
+    while True:
+        tok = sample(rows[node])
+        new.append(tok)
+        if is_eog(tok):
+            break
+        node = tree.child(node, tok)
+        if node < 0:
+            break
+        path.append(node)
+    return path, new
+
+
+class PathRows:
+    """The target's last decode seen through the rows of the accepted path (what drafters read after a verify)."""
+
+    def __init__(self, ctx, rows: list[int]):
+        self.ctx = ctx
+        self.model = ctx.model
+        self.rows = np.asarray(rows, np.int64)
+        self.n_last = len(rows)
+
+    def layer_input(self, lid: int, n_rows: int) -> np.ndarray:
+        return self.ctx.layer_input(lid, self.ctx.n_last)[self.rows[:n_rows]]
+
+    def last_tokens(self) -> np.ndarray:
+        return self.ctx.last_tokens()[self.rows]
+
+
+def decode_tree(ctx, tree: Tree, n_past: int) -> None:
+    """One target pass over ``tree`` at ``n_past``: every node's logits come out (row i = node i)."""
+    if tree.is_chain:
+        ctx.decode(tree.tokens, n_past, "all")
+        return
+    if tree.n_leaves > ctx.n_seq_max:
+        raise LocalflashError(f"a tree of {tree.n_leaves} leaves needs a context of that many sequences, not {ctx.n_seq_max}")
+    for s in range(1, tree.n_leaves):
+        ctx.seq_copy(0, s)  # the committed text is every branch's prefix (no copy: the cells gain an id)
+    ctx.decode_rows(tree.tokens, n_past + tree.depth, tree.seqs, np.ones(tree.n, np.int8))
+
+
+def keep_path(ctx, tree: Tree, path: list[int], n_past: int) -> int:
+    """Leave the accepted path in sequence 0 and free every other node's cells; return where it leaves
+    consecutive cells (``len(path)`` when it does not): :func:`compact` decodes the rest again."""
+    d = len(path)
+    if tree.is_chain:
+        ctx.seq_rm(n_past + d)
+        return d
+    leaf = tree.seqs[path[-1]][0]
+    if leaf == 0:
+        ctx.seq_drop(0, n_past + d)
+    else:
+        ctx.seq_drop(0, n_past + 1)
+        ctx.seq_copy(leaf, 0, n_past + 1, n_past + d)
+    for s in range(1, tree.n_leaves):
+        ctx.seq_drop(s)
+    return next((j for j, node in enumerate(path) if node != j), d)
+
+
+def compact(ctx, tree: Tree, path: list[int], n_past: int, j0: int) -> None:
+    """Decode the accepted nodes from ``j0`` on again, into the cells right after the committed text."""
+    if j0 < len(path):
+        ctx.seq_drop(0, n_past + j0)
+        ctx.decode(tree.tokens[path[j0:]], n_past + j0, "none")
+
+
+class TreeSize:
+    """How many of a tree's nodes to verify: the most expected tokens per second from measured costs.
+
+    The drafter's own probabilities say how likely each node's path is; their sum over the first ``j``
+    nodes (by rank) is the expected accepted depth of that tree if they were calibrated. They are not,
+    so the sum is scaled by the measured ratio of accepted depth to predicted depth (an EMA). A
+    pass of ``r`` rows costs what the verify costs table measured (calibration plus every cycle),
+    so on a GPU, where a pass is nearly flat up to a kernel width, the budget grows to that width.
+    """
+
+    def __init__(self, verify_costs):
+        self.verify = verify_costs  # rows -> seconds (a CostTable)
+        self.ratio = 1.0  # accepted depth / predicted depth, recent cycles
+        self.draft = None  # seconds a tree draft costs (EMA), counted into every size alike
+
+    def choose(self, tree: Tree) -> int:
+        """Drafted nodes to keep, ``0..tree.n - 1``."""
+        if tree.n <= 1 or not np.any(tree.scores):
+            return tree.n - 1  # no probabilities (n-gram): nothing to weigh, keep the drafter's tree
+        by_rank = np.exp(tree.scores[np.argsort(tree.rank)][1:])
+        expected = 1.0 + self.ratio * np.concatenate([[0.0], np.cumsum(by_rank)])
+        costs = np.array([self.verify(j + 1) or 0.0 for j in range(tree.n)])
+        if not costs.all():
+            return tree.n - 1  # not measured yet: the whole tree once
+        costs = np.maximum.accumulate(costs) + (self.draft or 0.0)  # a bigger pass never costs less
+        return int(np.argmax(expected / costs))
+
+    def record(self, tree: Tree, accepted: int, t_draft: float) -> None:
+        predicted = float(np.exp(tree.scores[1:]).sum())
+        if predicted > 0:
+            self.ratio += 0.1 * (min(5.0, max(0.05, accepted / predicted)) - self.ratio)
+        self.draft = t_draft if self.draft is None else self.draft + 0.2 * (t_draft - self.draft)
+
+
+@dataclass
+class TreeVerifier:
+    """The tree side of the engine's cycle: ``budget`` drafted nodes at most; ``size`` (a TreeSize): fewer where they do not pay."""
+
+    budget: int
+    compact: bool = True  # keep committed cells in position order (see the module docstring)
+    size: TreeSize | None = None
+    redecoded: int = 0  # rows of accepted paths decoded again to keep them in order (compact), all cycles
+
+    def cycle(self, engine, history: list[int], last: int, n_past: int, k: int, sample):
+        """Draft a tree, verify it in one pass, commit the accepted path; (new tokens, tree, path, t_draft, t_verify)."""
+        ctx, drafter = engine.ctx, engine.drafter
+        td = engine.clock()
+        tree = drafter.propose_tree(history, n_past, k, min(self.budget, ctx.n_ctx - n_past - 1))
+        if self.size is not None:
+            if not self.size.verify.ema:  # start from the engine's calibration (rows -> seconds)
+                self.size.verify.ema.update(engine.policy.verify.ema)
+            tree = prune(tree, self.size.choose(tree))
+        t_draft = engine.clock() - td
+        tv = engine.clock()
+        decode_tree(ctx, tree, n_past)
+        path, new = walk(tree, ctx.all_logits(), sample, engine.target.is_eog)
+        engine.tokens += tree.tokens[path].tolist()
+        j0 = keep_path(ctx, tree, path, n_past)
+        t_verify = engine.clock() - tv
+        if self.size is not None:
+            self.size.verify.add(tree.n, t_verify)
+            self.size.record(tree, len(path) - 1, t_draft)
+        td = engine.clock()
+        drafter.on_target_decode(ctx if tree.is_chain else PathRows(ctx, path), n_past, len(path))
+        t_draft += engine.clock() - td
+        if self.compact and j0 < len(path):
+            tv = engine.clock()
+            compact(ctx, tree, path, n_past, j0)
+            self.redecoded += len(path) - j0
+            t_verify += engine.clock() - tv
+        return new, tree, path, t_draft, t_verify
