@@ -230,6 +230,8 @@ class ChatSession:
         ]
         if self.conv.has_drafter:
             parts.append(f" · τ {st.tau:.2f} · accept {100 * st.acceptance:.0f}% ({st.accepted}/{st.drafted})")
+            if st.tree_cycles:
+                parts.append(f" · tree {st.mean_tree_nodes:.1f} nodes")
         parts.append(f" · ctx {used}/{n_ctx} · {self._drafter_label()}")
         if len(reply.phases) > 1 or tracker.seen_think:
             parts.append(" · " + ", ".join(f"{ph} {s.decode_tps:.0f} tok/s τ {s.tau:.2f}" for ph, s in reply.phases.items()))
@@ -363,6 +365,9 @@ class ChatSession:
         if not self.conv.has_drafter or not self.total.drafted:
             ui.info(T("no drafts yet: nothing to show per position", style="dim"))
             return
+        if self.total.tree_cycles:
+            ui.info(T(f"trees: {self.total.mean_tree_nodes:.1f} drafted tokens in {self.total.tree_cycles} of "
+                      f"{self.total.cycles} passes; {self.total.tau_per_row:.3f} tokens per verified row; by depth below", style="bold"))
         ui.info(T("acceptance per draft position (given the earlier ones were accepted)", style="bold"))
         ui.info(position_table(self.total))
         hist, plain = drafting_hist(self.total)
@@ -460,4 +465,7 @@ def _stats_dict(s: Stats) -> dict:
         "cycles": s.cycles,
         "position_acceptance": s.position_acceptance,
         "accept_hist": s.accept_hist,
+        "rows": s.rows,
+        "tree_cycles": s.tree_cycles,
+        "mean_tree_nodes": s.mean_tree_nodes,
     }

@@ -28,6 +28,9 @@ class Metrics:
         self.draft_tokens = 0
         self.accepted = 0
         self.accepted_per_pos: list[int] = []
+        self.verified_rows = 0  # target rows of decode cycles (a tree's nodes + 1)
+        self.tree_passes = 0  # verify passes over a branching tree (--tree)
+        self.tree_nodes = 0
         self.n_tokens_max = 0
         self.finished: Counter[str] = Counter()
         self.errors: Counter[int] = Counter()
@@ -52,6 +55,9 @@ class Metrics:
                 while len(self.accepted_per_pos) <= j:
                     self.accepted_per_pos.append(0)
                 self.accepted_per_pos[j] += hits
+            self.verified_rows += st.rows
+            self.tree_passes += st.tree_cycles
+            self.tree_nodes += st.tree_nodes
             self.n_tokens_max = max(self.n_tokens_max, prompt_tokens + st.generated)
             self.finished[finish_reason] += 1
 
@@ -98,6 +104,9 @@ class Metrics:
             metric(lf + "target_passes_total", "counter", "Target forward passes after prefill (verify or plain decode)", self.target_passes)
             tau = self.committed / self.target_passes if self.target_passes else 0.0
             metric(lf + "tau", "gauge", "Mean committed tokens per target pass since start", tau)
+            metric(lf + "verified_rows_total", "counter", "Target rows verified by decode passes (drafted tokens or tree nodes + 1)", self.verified_rows)
+            metric(lf + "tree_passes_total", "counter", "Verify passes over a branching token tree (--tree)", self.tree_passes)
+            metric(lf + "tree_nodes_total", "counter", "Drafted tokens in those trees (mean tree size: nodes / passes)", self.tree_nodes)
             reasons = sorted(set(self.finished) | {"stop", "length", "cancelled"})
             for i, r in enumerate(reasons):
                 metric(lf + "requests_total", "counter", "Finished generations by finish reason", self.finished[r], {"finish_reason": r}, header=i == 0)

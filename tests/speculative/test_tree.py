@@ -263,7 +263,7 @@ def test_tree_stats_report_size_depth_and_rows(target, cases, plain, tiny_drafte
 
 
 def test_tree_is_refused_on_hybrid_targets_with_the_reason(tiny_qwen35):
-    with pytest.raises(LocalflashError, match="recurrent state per sequence"):
+    with pytest.raises(LocalflashError, match="its own recurrent state"):
         open_engine(config_from_options(model=str(tiny_qwen35), spec="ngram", tree=8, ctx=256, threads=1))
 
 
