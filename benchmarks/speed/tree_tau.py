@@ -59,6 +59,11 @@ def main() -> None:
                 totals[m].merge(st)
                 same[m] += outs[m] == outs["plain"]
             print(f"{i + 1}/{len(toks)} {prompts[i].category}", file=sys.stderr, flush=True)
+            if a.json:  # after every prompt: a run cut short still leaves its figures so far
+                with open(a.json, "w") as f:
+                    json.dump({"pair": a.pair, "set": set_name, "n": i + 1, "of": len(toks), "exact": a.exact,
+                               "load": os.getloadavg(), "same_as_plain": same,
+                               "modes": {m: st.to_dict() for m, st in totals.items()}}, f, indent=1)
     finally:
         for eng in engines.values():
             eng.close()
@@ -73,10 +78,6 @@ def main() -> None:
     for r in rows:
         c, t = totals[f"chain {r}"], totals[f"tree {r}"]
         print(f"tree/chain τ at {r} rows: {t.tau / c.tau:.3f}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"pair": a.pair, "set": set_name, "n": len(toks), "exact": a.exact, "load": load,
-                       "modes": {m: {**st.to_dict(), "same_as_plain": same[m]} for m, st in totals.items()}}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -294,7 +294,7 @@ class Context(RecurrentCache):
             raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
         b = self._batch
         if self.n_seq_max > 1:
-            b.reset_seqs(n + self.min_rows)
+            b.reset_seqs(max(n, self.min_rows))  # the rows this decode uses, padding included
         b.token[:n] = tokens
         b.pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
         if outputs == "all":

@@ -22,28 +22,12 @@ from localflash.speculative.sampling import Sampler, SamplingParams
 from localflash.speculative.stats import Stats
 from localflash.speculative.adapt import CostTable
 from localflash.speculative.tree import MAX_LEAVES, Tree, TreeSize, TreeVerifier, best_first, decode_tree, depth_first, prune, walk
+from localflash.testing.prompts import word_prompts
 from localflash.testing.tiny import DFlash2Spec, Eagle3Spec, write_dflash2, write_eagle3
 
 N_CTX = 1024
 N_TOKENS = 64
 EXACT_MODEL, EXACT_CTX = exact_options(True, "llama")
-WORDS = "the river a garden of quiet stone light and paper over nine silver hills where we".split()
-
-
-def prompts(n: int, seed: int = 0) -> list[str]:
-    """Deterministic prompts; every fourth repeats itself (n-gram food), every fifth crosses n_batch."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        words = list(rng.choice(WORDS, size=int(rng.integers(3, 12))))
-        if i % 4 == 0:
-            words = words * 3
-        if i % 5 == 0:
-            words = words * 8
-        out.append(" ".join(words))
-    return out
-
-
 def context(model) -> Context:
     return Context(model, ContextOptions(n_ctx=N_CTX, n_batch=64, n_ubatch=64, n_outputs_max=33, n_threads=1,
                                          n_seq_max=MAX_LEAVES, **EXACT_CTX))
@@ -69,7 +53,7 @@ def target(tiny_target):
 
 @pytest.fixture(scope="module")
 def cases(target):
-    return [target.tokenize(p) for p in prompts(52)]
+    return [target.tokenize(p) for p in word_prompts(52)]
 
 
 @pytest.fixture(scope="module")
@@ -272,3 +256,18 @@ def test_tree_option_is_checked():
         config_from_options(model="x.gguf", tree=-1)
     with pytest.raises(LocalflashError, match="--tree must be at most"):
         config_from_options(model="x.gguf", tree=63, exact=True)
+
+
+def test_a_request_after_tree_cycles_prefills_full_batches(target, cases, plain, tiny_drafters):
+    """The batch's rows carry a tree's sequence sets after a tree pass; the next prompt's full n_batch chunks
+    (plus exact mode's padding row) must go back to sequence 0 whole."""
+    ctx = context(target)
+    engine = Engine(target, ctx, DraftModelDrafter(Model(tiny_drafters["near"]), target, N_CTX, 8, n_threads=1), adaptive=False)
+    engine.tree = TreeVerifier(15)
+    long_cases = [i for i, toks in enumerate(cases) if len(toks) > 2 * ctx.n_batch]
+    assert long_cases
+    for i in [1] + long_cases[:2]:
+        st = Stats()
+        assert [t for chunk in engine.generate(cases[i], N_TOKENS, None, st) for t in chunk] == plain[i]
+        assert st.tree_cycles
+    engine.close()
