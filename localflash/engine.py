@@ -14,7 +14,7 @@ from localflash.errors import LocalflashError
 # why --tree is refused on recurrent/hybrid targets (the measurement: docs/benchmarks.md, "Tree verification")
 TREE_ON_RECURRENT = ("--tree is not available on {arch} targets: each branch would need its own recurrent state and "
                      "rollback snapshots (Qwen3.6-27B: 150 MiB a state, 40 GiB for 16 branches 16 deep), and llama.cpp "
-                     "verifies branching sequences in several passes (1.8x a chain of as many rows on a tiny qwen35)")
+                     "splits branching sequences on recurrent memory into several passes")
 
 # weight types ggml's CPU backend multiplies by 2+ rows with llamafile's sgemm and by one row with vec_dot
 SGEMM_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL"}

@@ -137,6 +137,23 @@ class RecurrentCache:
         self.end, self._last_start = min(self.end, p0), min(self._last_start, p0)
         self._drop_checkpoints_after(p0)
 
+    def seq_copy(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Put the cells of sequence ``src`` at positions ``p0..p1-1`` (-1: open) in sequence ``dst`` too.
+
+        In a unified KV cache a cell may belong to several sequences: nothing is copied, the cells
+        gain an id. Attention caches only (a recurrent state would be copied whole).
+        """
+        lib().llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_drop(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        """Take sequence ``seq`` off its cells at positions ``p0..p1-1``; a cell left in no sequence is freed.
+
+        Unlike :meth:`seq_rm` (sequence 0's tail cut, with the recurrent-state checks) any sequence,
+        any range; attention caches only.
+        """
+        if not lib().llama_memory_seq_rm(self.mem, seq, p0, p1):
+            raise RollbackError(f"{self.model.path.name}: the cache could not drop sequence {seq} at {p0}..{p1}")
+
     def rewind(self, p0: int) -> int:
         """Make the cache end at ``p0`` or earlier, always correctly; return where it ends.
 

@@ -416,23 +416,6 @@ class Context(RecurrentCache):
     def pos_max(self, seq: int = 0) -> int:
         return lib().llama_memory_seq_pos_max(self.mem, seq)
 
-    def seq_copy(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        """Put the cells of sequence ``src`` at positions ``p0..p1-1`` (-1: open) in sequence ``dst`` too.
-
-        In a unified KV cache a cell may belong to several sequences: nothing is copied, the cells
-        gain an id. Attention caches only (a recurrent state would be copied whole).
-        """
-        lib().llama_memory_seq_cp(self.mem, src, dst, p0, p1)
-
-    def seq_drop(self, seq: int, p0: int = -1, p1: int = -1) -> None:
-        """Take sequence ``seq`` off its cells at positions ``p0..p1-1``; a cell left in no sequence is freed.
-
-        Unlike :meth:`seq_rm` (sequence 0's tail cut, with the recurrent-state checks) any sequence,
-        any range; attention caches only.
-        """
-        if not lib().llama_memory_seq_rm(self.mem, seq, p0, p1):
-            raise LocalflashError(f"{self.model.path.name}: the cache could not drop sequence {seq} at {p0}..{p1}")
-
     def clear(self) -> None:
         lib().llama_memory_clear(self.mem, True)
         self._cleared()
