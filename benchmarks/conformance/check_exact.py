@@ -9,6 +9,13 @@ prompt each, and the first HumanEval prompt) is generated greedily at each lengt
 same engine settings: token ids and detokenized text. Engines are built the way the CLI
 builds them (``config.config_from`` + ``engine.open_engine``, one shared target).
 
+``tiny-llama`` and ``tiny-qwen35`` are random-weight Q4_K_M targets built here (a 4-layer llama
+and a Gated-DeltaNet hybrid with an MTP block, both 256 wide so that every matmul weight is a
+K-quant), with a drafter of every kind for them: a draft model, DFlash, DFlash2, EAGLE-3 (an
+echoing one, which is often right) and MTP (whose block mostly repeats the trunk's guess). Their
+drafters are random, so apart from EAGLE-3, MTP and n-gram they are nearly always wrong: every
+cycle cuts the cache back, which is the path exactness has to survive.
+
 ``--numerics exact`` is ``localflash run --exact``; ``--numerics default`` is llama.cpp's
 default CPU numerics, where the script reports where the first changed token was and the
 plain run's top-2 logit margin there (how close the tie was). Each numerics setting runs in
@@ -16,6 +23,7 @@ its own process (ggml reads its tiled-matmul switch once per process).
 
     .venv/bin/python benchmarks/conformance/check_exact.py                      # exact + default, all pairs, 2 threads
     .venv/bin/python benchmarks/conformance/check_exact.py --pairs qwen-coder --numerics exact --threads 1
+    .venv/bin/python benchmarks/conformance/check_exact.py --pairs tiny-llama,tiny-qwen35 --threads 1
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,12 +42,48 @@ DRAFTERS = {
     "demo": ["dflash", "ngram", "dflash+ngram"],
     "demo-draft": ["draft", "draft+ngram"],
     "qwen-coder": ["draft", "ngram", "draft+ngram"],
+    "tiny-llama": ["draft", "ngram", "dflash", "dflash2", "eagle3", "eagle3+ngram"],
+    "tiny-qwen35": ["draft", "ngram", "dflash", "dflash2", "eagle3", "mtp", "mtp+ngram"],
 }
+SPEC_OF = {"dflash2": "dflash"}  # a DFlash2 file drafts through --spec dflash
 FIXED_K = 4
+TINY_DIR = Path(tempfile.gettempdir()) / "localflash-check-exact-tiny"
+
+
+def tiny_pair(pair: str) -> tuple[Path, dict[str, Path]]:
+    """The tiny target (Q4_K_M) and its drafter file per kind, written once into TINY_DIR."""
+    from localflash.llama.quantize import quantize
+    from localflash.testing.tiny import (DFlash2Spec, DFlashSpec, Eagle3Spec, HybridSpec, TinySpec, write_dflash,
+                                         write_dflash2, write_eagle3, write_hybrid, write_target)
+
+    d = TINY_DIR / pair
+    d.mkdir(parents=True, exist_ok=True)
+    target = d / "target-q4km.gguf"
+    if pair == "tiny-llama":
+        layers = [1, 2, 3]
+        if not target.exists():
+            quantize(write_target(d / "target-f32.gguf", TinySpec(n_embd=256, n_layer=4, seed=3)), target, "Q4_K_M")
+    else:
+        layers = [1, 3, 5]
+        spec = HybridSpec(seed=3, n_embd=256, n_ff=512, head_dim=64, n_rot=16, linear_head_dim=64, linear_v_heads=4,
+                          n_nextn=1, mtp_agree=0.3)
+        if not target.exists():
+            quantize(write_hybrid(d / "target-f32.gguf", spec), target, "Q4_K_M")
+    files = {
+        "draft": (d / "draft.gguf", lambda p: write_target(p, TinySpec(n_layer=2, seed=1))),
+        "dflash": (d / "dflash.gguf", lambda p: write_dflash(p, DFlashSpec(n_embd=256, target_layers=layers, block_size=8))),
+        "dflash2": (d / "dflash2.gguf", lambda p: write_dflash2(p, DFlash2Spec(n_embd=256, target_layers=layers))),
+        "eagle3": (d / "eagle3.gguf", lambda p: write_eagle3(p, Eagle3Spec(n_embd=256, target_hidden_size=256,
+                                                                             target_layers=layers, echo=4.0, fc_scale=0.3))),
+    }
+    for path, write in files.values():
+        if not path.exists():
+            write(path)
+    return target, {kind: path for kind, (path, _) in files.items()}
 
 
 def modes_for(pair: str) -> list[tuple[str, str, int | None, bool]]:
-    """(name, spec, draft_max, adaptive)"""
+    """(name, kind, draft_max, adaptive)"""
     out = [("plain", "none", None, False)]
     for kind in DRAFTERS[pair]:
         out.append((f"{kind}-adaptive", kind, None, True))
@@ -55,19 +100,33 @@ def run_pair(pair: str, exact: bool, threads: int, lengths: list[int], ctx: int)
     from localflash.llama import Model, ModelOptions
     from localflash.config import config_from
     from localflash.engine import open_engine
+    from localflash.speculative.stats import Stats
 
-    base = config_from(pair, None, None, exact=exact, threads=threads, ctx=ctx)
+    tiny = pair.startswith("tiny-")
+    if tiny:
+        target_file, drafter_files = tiny_pair(pair)
+
+    def cfg_for(kind: str = "none", **kw):
+        base_kind, _, lookup = kind.partition("+")
+        spec = SPEC_OF.get(base_kind, base_kind) + ("+" + lookup if lookup else "")
+        if not tiny:
+            return config_from(pair, None, None, exact=exact, threads=threads, ctx=ctx, spec=spec, **kw)
+        drafter = drafter_files.get(base_kind)
+        return config_from(None, str(target_file), str(drafter) if drafter else None,
+                           exact=exact, threads=threads, ctx=ctx, spec=spec, **kw)
+
+    base = cfg_for()
     if exact:
         from localflash.engine import exact_options
 
         exact_options(True)  # the process-wide switch, before the first context
-    target = Model(base.target, ModelOptions(use_extra_bufts=not exact))
+    mtp = any(kind.startswith("mtp") for kind in DRAFTERS[pair])
+    target = Model(base.target, ModelOptions(use_extra_bufts=not exact, load_mtp=mtp))
     prompts = spec_bench_groups(1) + humaneval(1, HUMANEVAL_COMPLETE_INSTRUCTION)
     tokenized = [bl.render(target, p.text)[1] for p in prompts]
     engines = {}
-    for name, spec, k, adaptive in modes_for(pair):
-        cfg = config_from(pair, None, None, exact=exact, threads=threads, ctx=ctx, spec=spec, draft_max=k, adaptive=adaptive)
-        engines[name] = open_engine(cfg, target=target)
+    for name, kind, k, adaptive in modes_for(pair):
+        engines[name] = open_engine(cfg_for(kind, draft_max=k, adaptive=adaptive), target=target)
     margins: list[float] = []
     plain_ctx = engines["plain"].ctx
     inner_logits = plain_ctx.logits
@@ -88,17 +147,19 @@ def run_pair(pair: str, exact: bool, threads: int, lengths: list[int], ctx: int)
                 if name == "plain":
                     margins.clear()
                 got: list[int] = []
+                st = Stats()
                 t = time.perf_counter()
-                for new in eng.generate(toks, n, None):
+                for new in eng.generate(toks, n, None, st):
                     got += new
-                outs[name] = (got, time.perf_counter() - t)
+                outs[name] = (got, time.perf_counter() - t, st)
             plain, plain_margins = outs["plain"][0], list(margins)
-            for name, (got, secs) in outs.items():
+            for name, (got, secs, st) in outs.items():
                 if name == "plain":
                     continue
                 row = {"pair": pair, "exact": exact, "threads": threads, "max_tokens": n, "mode": name, "prompt": p.id,
                        "category": p.category, "prompt_tokens": len(toks), "tokens": len(got), "plain_tokens": len(plain),
-                       "same_ids": got == plain, "same_text": target.detokenize(got) == target.detokenize(plain), "seconds": secs}
+                       "same_ids": got == plain, "same_text": target.detokenize(got) == target.detokenize(plain), "seconds": secs,
+                       "drafted": st.drafted, "accepted": st.accepted}
                 if got != plain:
                     i = next((j for j, (a, b) in enumerate(zip(got, plain)) if a != b), min(len(got), len(plain)))
                     row.update(first_diff=i, plain_margin_there=plain_margins[i] if i < len(plain_margins) else None,
@@ -116,13 +177,14 @@ def summarize(rows: list[dict]) -> str:
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["pair"], "exact" if r["exact"] else "default", r["threads"], r["mode"], r["max_tokens"]), []).append(r)
-    lines = ["| pair | numerics | threads | mode | new tokens | same as plain (ids and text) | first changed token: prompt @ index (plain top-2 margin there) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| pair | numerics | threads | mode | new tokens | drafts accepted | same as plain (ids and text) | first changed token: prompt @ index (plain top-2 margin there) |",
+             "|---|---|---|---|---|---|---|---|"]
     for (pair, num, t, mode, n), rs in groups.items():
         same = sum(r["same_ids"] and r["same_text"] for r in rs)
         diffs = "; ".join(f"{r['prompt']} @ {r['first_diff']} ({r['plain_margin_there']:.3g})" if r.get("plain_margin_there") is not None
                           else f"{r['prompt']} @ {r['first_diff']}" for r in rs if not r["same_ids"])
-        lines.append(f"| {pair} | {num} | {t} | {mode} | {n} | {same}/{len(rs)} | {diffs or '—'} |")
+        drafted, accepted = sum(r.get("drafted", 0) for r in rs), sum(r.get("accepted", 0) for r in rs)
+        lines.append(f"| {pair} | {num} | {t} | {mode} | {n} | {accepted}/{drafted} | {same}/{len(rs)} | {diffs or '—'} |")
     return "\n".join(lines)
 
 
@@ -143,6 +205,9 @@ def main(argv=None) -> int:
         return 0
     rows: list[dict] = []
     failed = False
+    for pair in a.pairs.split(","):
+        if pair.startswith("tiny-"):
+            tiny_pair(pair)  # written once, before the runs read them
     for num in a.numerics.split(","):
         for pair in a.pairs.split(","):
             cmd = [sys.executable, __file__, "--threads", str(a.threads), "--lengths", a.lengths, "--ctx", str(a.ctx), "--one", f"{pair}:{num}"]
