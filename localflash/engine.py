@@ -58,6 +58,16 @@ def exact_options(exact: bool, arch: str | None = None, pad: bool = True) -> tup
     from localflash.llama import use_exact_numerics
 
     use_exact_numerics()
+    return exact_kwargs(arch, pad)
+
+
+def exact_kwargs(arch: str | None = None, pad: bool = True) -> tuple[dict, dict]:
+    """:func:`exact_options`' per-model and per-context keywords alone, without its process-wide switch.
+
+    Enough for a target with no weight that ggml's tiled matmul takes (K-quants): the tests that
+    claim equalities in their own process on the tiny F32 llama and on SmolLM2 (Q4_1/Q8_0) use it,
+    so that process's numerics stay the default ones (tests/llama/test_exact.py measures both files).
+    """
     rows = {"n_threads_single": 1} if arch in RECURRENT_ARCHS else {"min_rows": 2} if pad else {}
     return {"use_extra_bufts": False}, {"flash_attn": 1, **rows}
 

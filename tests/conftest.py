@@ -83,6 +83,30 @@ def tiny_qwen3next(tiny_dir) -> Path:
     return write_hybrid(tiny_dir / "qwen3next.gguf", HybridSpec(arch="qwen3next", seed=4))
 
 
+# K-quant files: every matmul weight is Q4_K/Q6_K (256 wide, the K-quant block), so llama.cpp's default CPU
+# numerics round a verify batch differently from one-row decodes (repacked gemm, the tiled matmul) and exact
+# mode has something to fix; tests/llama/test_exact.py measures both
+WIDE_HYBRID = dict(n_embd=256, n_ff=512, head_dim=64, n_rot=16, linear_head_dim=64, linear_v_heads=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_q4k(tiny_dir) -> Path:
+    """A 2-layer llama, 256 wide, quantized to Q4_K_M."""
+    from localflash.llama.quantize import quantize
+
+    f32 = write_target(tiny_dir / "wide-f32.gguf", TinySpec(n_embd=256, n_layer=2, seed=3))
+    return quantize(f32, tiny_dir / "wide-q4km.gguf", "Q4_K_M")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen35_q4k(tiny_dir) -> Path:
+    """A qwen35 hybrid, 256 wide, with an MTP block that mostly repeats the trunk's guess, quantized to Q4_K_M."""
+    from localflash.llama.quantize import quantize
+
+    f32 = write_hybrid(tiny_dir / "qwen35-wide-f32.gguf", HybridSpec(seed=3, n_nextn=1, mtp_agree=0.3, **WIDE_HYBRID))
+    return quantize(f32, tiny_dir / "qwen35-wide-q4km.gguf", "Q4_K_M")
+
+
 @pytest.fixture(scope="session")
 def shaped(tmp_path_factory):
     """Metadata of shaped GGUFs (real tensor shapes and quant types, no data) of the models plans are pinned on."""

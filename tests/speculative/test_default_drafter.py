@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localflash.llama import Context, ContextOptions, Model, ModelOptions
-from localflash.engine import exact_options
+from localflash.llama import Context, ContextOptions, Model
 from localflash.registry.pairs import get_pair
 from localflash.speculative.dflash import DFlashDrafter
 from localflash.speculative.loop import Engine
@@ -19,12 +18,12 @@ PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
     "Explain photosynthesis in two sentences.",
 ]
-# the equality is claimed in exact mode (--exact; tests/llama/test_exact.py)
-EXACT_MODEL, EXACT_CTX = exact_options(True, "llama")
+# one thread: SmolLM2's default CPU numerics are batch-invariant there (a verify row equals the one-row decode of
+# its position, at 17 rows and 700 cached tokens: tests/llama/test_exact.py), so the equality needs no exact mode
 
 
 def _run(target: Model, tokens: list[int], n: int, drafter_path: Path | None) -> tuple[list[int], Stats]:
-    ctx = Context(target, ContextOptions(n_ctx=1024, n_batch=256, n_ubatch=256, n_outputs_max=16, n_threads=1, **EXACT_CTX))
+    ctx = Context(target, ContextOptions(n_ctx=1024, n_batch=256, n_ubatch=256, n_outputs_max=16, n_threads=1))
     drafter = DFlashDrafter(Model(drafter_path), target, ctx, 1024 + 16, n_threads=1) if drafter_path else None
     engine = Engine(target, ctx, drafter, adaptive=False)
     st = Stats()
@@ -37,7 +36,7 @@ def test_shipped_drafter_is_the_demo_pairs_and_lossless(smollm2):
     pair = get_pair("demo")
     assert pair.kind == "dflash" and pair.drafter is not None and pair.drafter.is_file()
     assert pair.drafter.stat().st_size <= 20 * 1024 * 1024
-    target = Model(smollm2, ModelOptions(**EXACT_MODEL))
+    target = Model(smollm2)
     merged = Stats()
     for text in PROMPTS:
         tokens = chat_tokens(target, text)
