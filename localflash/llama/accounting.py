@@ -78,11 +78,14 @@ def measure(
     on_loaded: Callable[[], object] | None = None,
     load_mtp: bool = False,
     mtp_context: bool = False,
+    use_mmap: bool = True,
 ) -> Accounting:
     """Load ``path``, create one context, free both, and return what llama.cpp reported.
 
     ``on_loaded`` runs while both are alive (e.g. to read the device memory NVML sees).
-    ``load_mtp`` loads the MTP/nextn blocks too; ``mtp_context`` makes the context an MTP one."""
+    ``load_mtp`` loads the MTP/nextn blocks too; ``mtp_context`` makes the context an MTP one.
+    ``use_mmap=False`` reads the weights into buffers of their own: a mapped file's buffer spans the
+    whole file whatever is loaded, so only then do the model buffers grow by exactly what is loaded."""
     L = lib()
     lines: list[str] = []
 
@@ -104,7 +107,7 @@ def measure(
         mp.load_mtp = load_mtp or mtp_context
         if split is not None:
             mp.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
-        if no_alloc:
+        if no_alloc or not use_mmap:
             mp.load_mode = L.LLAMA_LOAD_MODE_NONE  # the dry run cannot map the file
         model = L.llama_model_load_from_file(str(path).encode(), mp)
         if not model:

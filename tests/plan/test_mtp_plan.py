@@ -10,7 +10,7 @@ from localflash.plan.devices import Gpu, HostMemory
 from localflash.formats.gguf_meta import read_meta
 from localflash.llama.accounting import measure
 from localflash.plan import Wishes, make_plan, runtime_kwargs
-from localflash.plan.costs import GiB, kv_bytes_per_layer, recurrent_bytes_per_layer
+from localflash.plan.costs import GiB
 from localflash.plan.mtp import mtp_compute_bytes, mtp_kv_bytes, mtp_weight_bytes
 from localflash.testing.shaped import PRESETS, write_preset, write_shaped
 
@@ -44,6 +44,14 @@ def q36(tmp_path_factory):
     return write_preset(tmp_path_factory.mktemp("shaped-mtp"), "qwen3.6-27b", "Q4_K_M")
 
 
+@pytest.fixture(scope="module")
+def q36_short(tmp_path_factory):
+    """Qwen3.6-27B's block shapes with a trunk of four blocks (three Gated-DeltaNet, one attention: a sixteenth of
+    the real trunk's 64) and its MTP block; a placeholder vocabulary of 32000 (embedding and head only)."""
+    spec = replace(PRESETS["qwen3.6-27b"], n_vocab=32000, n_layer=4)
+    return write_shaped(tmp_path_factory.mktemp("shaped-mtp-short") / "short.gguf", spec, "Q4_K_M", tokenizer=True)
+
+
 def test_qwen36_27b_q4_k_m_with_mtp_on_one_24gb_card(q36):
     """What `localflash plan --target Qwen3.6-27B-Q4_K_M.gguf --vram 24GiB --ctx 0` prices (MTP by default)."""
     meta = read_meta(q36)
@@ -52,14 +60,30 @@ def test_qwen36_27b_q4_k_m_with_mtp_on_one_24gb_card(q36):
     assert plan.mtp and runtime_kwargs(plan)["load_mtp"] and plan.n_rs_seq == 3
     assert plan.context_options == {"f16": 108544, "q8_0": 166144, "q4_0": 262144}  # largest context per KV type
     assert (plan.n_ctx, plan.type_k) == (262144, "q4_0") and gpu.free >= 0
-    # the drafter column: the nextn block's weights, the MTP context's KV cache and compute buffer
-    assert gpu.drafter_weights == mtp_weight_bytes(meta) == pytest.approx(251 * 2**20, rel=0.01)
-    assert gpu.drafter_kv == mtp_kv_bytes(meta, plan.n_ctx, "q4_0", 512)
-    # the target's recurrent state: one row per Gated-DeltaNet block and sequence, times (1 + n_rs_seq)
-    rs = sum(recurrent_bytes_per_layer(meta, 0).values())
-    assert gpu.target_kv == sum(kv_bytes_per_layer(meta, plan.n_ctx, "q4_0", 512).values()) + 4 * rs
+    assert gpu.drafter_weights == pytest.approx(251 * 2**20, rel=0.01)  # the nextn block (llama.cpp's figure: below)
     without = make_plan(meta, None, [CARD], HOST, Wishes(ctx=0, n_draft=3))
     assert not without.mtp and without.context_options["f16"] > plan.context_options["f16"]
+
+
+def test_qwen36_27b_mtp_plan_prices_what_llama_cpp_allocates_for_its_blocks(q36, q36_short):
+    """The plan's drafter column and target KV against llama.cpp's own buffers for the same block shapes.
+
+    llama.cpp loads the four-block file at 4096 cells (KV and weights really allocated, not mapped): what
+    load_mtp adds to the model buffers is the MTP block's weights; the MTP context's KV cache and the target's
+    KV + recurrent state (1 + n_rs_seq sequences) scale to the plan's 262144 cells and 16 times as many blocks.
+    (Measured once against the full 64-block file at 4096 cells, mapped: the same KV and recurrent bytes.)"""
+    plan = make_plan(read_meta(q36), None, [CARD], HOST, Wishes(ctx=0, n_draft=3, mtp=True))
+    gpu, cells, copies = plan.devices[0], 4096, read_meta(q36).n_layer // read_meta(q36_short).n_layer
+    kw = dict(n_ctx=cells, type_k=plan.type_k, type_v=plan.type_k, n_outputs_max=1, use_mmap=False)
+    plain = measure(q36_short, **kw, n_rs_seq=plan.n_rs_seq)
+    with_mtp = measure(q36_short, **kw, n_rs_seq=plan.n_rs_seq, load_mtp=True)
+    mtp_ctx = measure(q36_short, **kw, mtp_context=True)
+    assert copies == 16
+    assert gpu.drafter_weights == pytest.approx(with_mtp.total("model") - plain.total("model"), rel=0.01)
+    assert gpu.drafter_kv == pytest.approx(mtp_ctx.total("kv") * plan.n_ctx / cells, rel=0.01)
+    assert mtp_ctx.total("recurrent") == 0
+    target = copies * (plain.total("kv") * plan.n_ctx / cells + plain.total("recurrent"))
+    assert gpu.target_kv == pytest.approx(target, rel=0.01)
 
 
 def test_plan_command_prices_mtp_unless_told_not_to(q36, capsys):
