@@ -53,8 +53,9 @@ TINY_DIR = Path(tempfile.gettempdir()) / "localflash-check-exact-tiny"
 def tiny_pair(pair: str) -> tuple[Path, dict[str, Path]]:
     """The tiny target (Q4_K_M) and its drafter file per kind, written once into TINY_DIR."""
     from localflash.llama.quantize import quantize
-    from localflash.testing.tiny import (DFlash2Spec, DFlashSpec, Eagle3Spec, HybridSpec, TinySpec, write_dflash,
-                                         write_dflash2, write_eagle3, write_hybrid, write_target)
+    from localflash.formats.dflash_gguf import DFlash2Spec, DFlashSpec
+    from localflash.testing.tiny import (Eagle3Spec, HybridSpec, TinySpec, write_dflash, write_dflash2, write_eagle3,
+                                         write_hybrid, write_target)
 
     d = TINY_DIR / pair
     d.mkdir(parents=True, exist_ok=True)
