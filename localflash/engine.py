@@ -72,6 +72,17 @@ def exact_kwargs(arch: str | None = None, pad: bool = True) -> tuple[dict, dict]
     return {"use_extra_bufts": False}, {"flash_attn": 1, **rows}
 
 
+def _check_exact_on_cpu(cfg: RunConfig, n_gpu_layers: int) -> None:
+    """Exact mode is the CPU backend's: refuse target layers on a GPU (a CPU-only build offloads nothing)."""
+    from localflash.llama import gpu_offload_supported
+
+    if cfg.exact and n_gpu_layers != 0 and gpu_offload_supported():
+        layers = "all" if n_gpu_layers < 0 else str(n_gpu_layers)
+        raise LocalflashError(f"--exact makes greedy output byte-exact on the CPU only; this run would put {layers} target "
+                              "layers on the GPU, whose kernels it does not cover",
+                              hint="add --n-gpu-layers 0 (-ngl 0) to run the target on the CPU, or drop --exact")
+
+
 def drafter_kind(cfg: RunConfig) -> str:
     """The drafter kind a RunConfig asks for, ``--spec auto`` resolved from the file headers (nothing loaded).
 
@@ -144,8 +155,11 @@ def open_engine(cfg: RunConfig, target=None):
                                            pad=cfg.exact and exact_row_padding(cfg.target, cfg.threads))
     if target is not None and cfg.exact and target.options.use_extra_bufts:
         raise LocalflashError("exact mode needs the target loaded without CPU weight repacking (ModelOptions(use_extra_bufts=False))")
+    if target is not None:
+        _check_exact_on_cpu(cfg, target.options.n_gpu_layers)
     if target is None:
         n_gpu_layers = kw["n_gpu_layers"] if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
+        _check_exact_on_cpu(cfg, n_gpu_layers)
         target = Model(
             cfg.target,
             ModelOptions(

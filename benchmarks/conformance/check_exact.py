@@ -122,7 +122,7 @@ def run_pair(pair: str, exact: bool, threads: int, lengths: list[int], ctx: int)
 
         exact_options(True)  # the process-wide switch, before the first context
     mtp = any(kind.startswith("mtp") for kind in DRAFTERS[pair])
-    target = Model(base.target, ModelOptions(use_extra_bufts=not exact, load_mtp=mtp))
+    target = Model(base.target, ModelOptions(use_extra_bufts=not exact, load_mtp=mtp, n_gpu_layers=0 if exact else -1))
     prompts = spec_bench_groups(1) + humaneval(1, HUMANEVAL_COMPLETE_INSTRUCTION)
     tokenized = [bl.render(target, p.text)[1] for p in prompts]
     engines = {}

@@ -74,6 +74,12 @@ def test_exact_mode_makes_k_quant_verify_rows_equal_single_decodes(tiny_q4k):
     assert probe(tiny_q4k, "exact", threads=1, n_prompt=40, batch=9) == 0
 
 
+def test_exact_mode_makes_f32_rows_equal_at_one_thread(tiny_target):
+    # F32 weights: llamafile's sgemm multiplies 2+ rows, vec_dot one; exact mode pads one-row decodes to two rows
+    assert probe(tiny_target, "default", threads=1, n_prompt=40, batch=5) > 0
+    assert probe(tiny_target, "kwargs", threads=1, n_prompt=40, batch=5) == 0
+
+
 def test_exact_mode_makes_rows_equal_at_two_threads_past_512_cached_tokens(tiny_target):
     # with 512+ cells a one-row decode splits its attention over the KV cache across the threads
     assert probe(tiny_target, "default", threads=2, n_prompt=600, batch=5) > 0
@@ -109,6 +115,34 @@ def test_exact_mode_is_not_exact_for_a_hybrid_with_sgemm_weights(tiny_qwen35, ti
     f32 = write_hybrid(tiny_dir / "qwen3next-wide-f32.gguf", HybridSpec(arch="qwen3next", seed=4, **wide))
     q3n = quantize(f32, tiny_dir / "qwen3next-wide-q4km.gguf", "Q4_K_M")
     assert probe(q3n, "exact", threads=1, n_prompt=600, batch=5) > 0
+
+
+# a GPU build, as far as open_engine can tell (this machine has none): exact mode must refuse target layers there
+ON_A_GPU_BUILD = r"""
+import sys
+import localflash.llama
+from localflash.config import config_from
+from localflash.engine import open_engine
+from localflash.errors import LocalflashError
+localflash.llama.gpu_offload_supported = lambda: True
+for ngl in (-1, 0):
+    try:
+        open_engine(config_from(None, sys.argv[1], None, exact=True, spec="none", n_gpu_layers=ngl, vram="24GiB")).close()
+        print(ngl, "opened")
+    except LocalflashError as e:
+        print(ngl, "refused:", e.message, "|", e.hint)
+"""
+
+
+def test_exact_mode_refuses_target_layers_on_a_gpu(tiny_target):
+    """A planned 24 GiB card takes all 5 of the tiny target's layers (4 blocks and the output): one line, no load."""
+    res = subprocess.run([sys.executable, "-c", ON_A_GPU_BUILD, str(tiny_target)], capture_output=True, text=True,
+                         env=_clean_env(), timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.splitlines() == [
+        "-1 refused: --exact makes greedy output byte-exact on the CPU only; this run would put 5 target layers on the "
+        "GPU, whose kernels it does not cover | add --n-gpu-layers 0 (-ngl 0) to run the target on the CPU, or drop --exact",
+        "0 opened"]
 
 
 def test_exact_mode_refuses_draft_lengths_past_its_row_limit(tiny_target):

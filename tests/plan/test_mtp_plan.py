@@ -10,7 +10,7 @@ from localflash.plan.devices import Gpu, HostMemory
 from localflash.formats.gguf_meta import read_meta
 from localflash.llama.accounting import measure
 from localflash.plan import Wishes, make_plan, runtime_kwargs
-from localflash.plan.costs import GiB
+from localflash.plan.costs import GiB, recurrent_bytes_per_layer
 from localflash.plan.mtp import mtp_compute_bytes, mtp_kv_bytes, mtp_weight_bytes
 from localflash.testing.shaped import PRESETS, write_preset, write_shaped
 
