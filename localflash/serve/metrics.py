@@ -22,6 +22,7 @@ class Metrics:
         self.prompt_seconds = 0.0
         self.predicted_tokens = 0
         self.predicted_seconds = 0.0
+        self.calibrate_seconds = 0.0
         self.target_passes = 0
         self.committed = 0
         self.drafts = 0  # verify passes that carried a draft
@@ -46,6 +47,7 @@ class Metrics:
             self.prompt_seconds += st.t_prefill
             self.predicted_tokens += st.generated
             self.predicted_seconds += st.t_decode
+            self.calibrate_seconds += st.t_calibrate
             self.target_passes += st.cycles
             self.committed += st.committed
             self.drafts += st.pos_tries[0] if st.pos_tries else 0
@@ -101,6 +103,9 @@ class Metrics:
             metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches", running)
             metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed", queued)
             lf = "localflash:"
+            metric(lf + "calibrate_seconds_total", "counter",
+                   "Time spent timing target passes for the adaptive draft length (once, not in tokens_predicted_seconds)",
+                   self.calibrate_seconds)
             metric(lf + "target_passes_total", "counter", "Target forward passes after prefill (verify or plain decode)", self.target_passes)
             tau = self.committed / self.target_passes if self.target_passes else 0.0
             metric(lf + "tau", "gauge", "Mean committed tokens per target pass since start", tau)

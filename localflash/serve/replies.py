@@ -25,7 +25,8 @@ def usage(last) -> dict:
 
 
 def timings(last) -> dict:
-    """llama-server's ``timings`` (prompt_n counts decoded prompt tokens, cache_n the reused ones) plus τ."""
+    """llama-server's ``timings`` (prompt_n counts decoded prompt tokens, cache_n the reused ones) plus τ and
+    calibrate_ms: prompt_ms + calibrate_ms + predicted_ms is the time the request waited for its tokens."""
     st = last.stats
     prompt_n = max(0, last.prompt_tokens - last.cached_tokens)
     prompt_ms, predicted_ms = 1000 * st.t_prefill, 1000 * st.t_decode
@@ -40,6 +41,7 @@ def timings(last) -> dict:
         "predicted_ms": predicted_ms,
         "predicted_per_token_ms": predicted_ms / n if n else 0.0,
         "predicted_per_second": 1000 * n / predicted_ms if predicted_ms > 0 else 0.0,
+        "calibrate_ms": 1000 * st.t_calibrate,  # the draft length's one-off timing passes (a server's first request)
         "draft_n": st.drafted,
         "draft_n_accepted": st.accepted,
         "tau": st.tau,

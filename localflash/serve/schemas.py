@@ -133,6 +133,7 @@ class Timings(BaseModel):
     predicted_ms: float
     predicted_per_token_ms: float
     predicted_per_second: float
+    calibrate_ms: float = 0.0  # the adaptive draft length's one-off timing passes (not in predicted_ms)
     draft_n: int
     draft_n_accepted: int
     tau: float

@@ -289,9 +289,11 @@ class SlotPool:
         req = slot.request
         if req is None or req.cancelled:
             return
-        if not self.calibrated:
-            self._calibrate(slot)
         st = req.stats
+        if not self.calibrated:
+            t_cal = time.perf_counter()
+            self._calibrate(slot)
+            st.t_calibrate = time.perf_counter() - t_cal  # the pool's one-off cost, paid by the request that met it
         st.drafter = slot.drafter.name if slot.policy.max_draft else "none"
         t0 = time.perf_counter()
         req.counts0 = dict(slot.ctx.counts)

@@ -294,3 +294,18 @@ def test_tool_call_round_trip_with_a_hermes_template(smollm2_tools, tmp_path):
         assert plain[4] == [] and plain[1] != "tool_calls"
     finally:
         assert s.stop() == 0
+
+
+def test_the_first_request_reports_the_draft_length_calibration_apart(tiny_target, tiny_dflash, tmp_path):
+    """A fresh server's first request pays the adaptive draft length's timing passes: timings' calibrate_ms (not in
+    predicted_ms) and /metrics' localflash:calibrate_seconds_total; later requests pay nothing."""
+    s = Server(tmp_path / "server.log", "-m", tiny_target, "--drafter", tiny_dflash, "-c", "1024")
+    try:
+        first = chat(s, stream=False, max_tokens=8)[3]
+        second = chat(s, stream=True, max_tokens=8)[3]
+        metrics = httpx.get(s.url + "/metrics").text
+    finally:
+        s.stop()
+    assert first["calibrate_ms"] > 0 and second["calibrate_ms"] == 0
+    total = float(re.search(r"^localflash:calibrate_seconds_total (\S+)$", metrics, re.M).group(1))
+    assert total == pytest.approx(first["calibrate_ms"] / 1000, rel=1e-4)
