@@ -92,3 +92,13 @@ def test_prompt_larger_than_a_slot_is_refused_with_the_slot_share(files):
         with pytest.raises(ContextOverflow, match=f"one slot holds {share} "):
             llm.start(" ".join(WORDS * 30), raw=True, max_tokens=4, slot=1)
         assert llm.generate("the clam", max_tokens=4).finish_reason == "length"
+
+
+def test_the_pools_calibration_is_reported_by_the_request_that_met_it(files):
+    """The slot pool times its step costs once, before the first request's prefill: that request's Stats.t_calibrate."""
+    opts = _options(files, "ngram") | {"exact": False, "fixed": False, "ctx": 1024}
+    with load(**opts, parallel=2) as llm:
+        first = llm.generate("the clam river", max_tokens=6).stats
+        second = llm.generate("the clam river stone", max_tokens=6).stats
+    assert first.t_calibrate > 0 and second.t_calibrate == 0
+    assert "calibration" in first.summary() and "calibration" not in second.summary()
