@@ -50,7 +50,9 @@ def exact_options(exact: bool, arch: str | None = None, pad: bool = True) -> tup
     on the batch kernels: llamafile's sgemm and the unsplit attention; ``pad``, see
     ``exact_row_padding``: not needed for a K-quant file at one thread). Recurrent/hybrid
     targets cannot drop a padding row, so they decode one row on one thread instead (the
-    split attention is then one chunk); their recurrent kernels are not claimed exact.
+    split attention is then one chunk): exact where every matmul weight is a K-quant
+    (measured with their recurrent kernels, tests/llama/test_exact.py), not where one takes
+    llamafile's sgemm (an F32 hybrid; qwen3next's F32 expert router).
     benchmarks/conformance/check_batch_invariance.py measures each setting; docs/benchmarks.md has the figures.
     """
     if not exact:

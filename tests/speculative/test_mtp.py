@@ -55,7 +55,7 @@ def plain_greedy(model: Model, cases, n: int, want: int) -> tuple[list, list[lis
 
     llama.cpp's CPU kernels are not batch-invariant: a verify pass of several tokens and one-token
     decodes round differently (by up to ~3e-4 on logits of spread 4 here, measured below), so at a near-tie the target itself
-    may pick either token. Those cases say nothing about the drafter and are left out here (23 of the first 75 of
+    may pick either token. Those cases say nothing about the drafter and are left out here (on this machine 23 of the first 75 of
     the 96 candidates for the 52 kept); exact mode keeps them all: test_mtp_greedy_is_lossless_at_near_ties_in_exact_mode."""
     ctx = Context(model, ContextOptions(n_ctx=N_CTX, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=1, n_rs_seq=4))
     kept, outs = [], []
