@@ -45,12 +45,18 @@ TARGETS = {"peer": 1.0, "plain": 0.97, "host": 0.03}
 
 # -- the C++ peer -----------------------------------------------------------------
 
-def peer_command(target: Path, drafter: Path | None, kind: str, k: int, prompt_file: Path, n: int, ctx: int, threads: int) -> list[str]:
-    cmd = [str(PEER), "-m", str(target), "-f", str(prompt_file), "-n", str(n), "--temp", "0", "--top-k", "1",
+def peer_command(target: Path, drafter: Path | None, kind: str, k: int, prompt_file: Path, n: int, ctx: int, threads: int,
+                 binary: Path | None = None) -> list[str]:
+    """``llama-speculative-simple`` (``binary``, default peer/bin's) greedy with a fixed draft length ``k``.
+
+    ``kind``: draft (draft-simple, p-min 0: no draft stops early), dflash (draft-dflash, the block
+    ``[last, MASK x k]``; the file's block size caps k), ngram (ngram-simple).
+    """
+    cmd = [str(binary or PEER), "-m", str(target), "-f", str(prompt_file), "-n", str(n), "--temp", "0", "--top-k", "1",
            "-t", str(threads), "-c", str(ctx), "--no-escape", "--seed", "1"]
-    if kind == "draft":
-        cmd += ["-md", str(drafter), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
-                "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-td", str(threads)]
+    if kind in ("draft", "dflash"):
+        cmd += ["-md", str(drafter), "--spec-type", "draft-simple" if kind == "draft" else "draft-dflash",
+                "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-td", str(threads)]
     elif kind == "ngram":
         # llama.cpp's prompt lookup: a fixed 3-token key (ours tries 4, then 3), at most k tokens copied
         cmd += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", str(k)]

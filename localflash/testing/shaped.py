@@ -25,7 +25,7 @@ from gguf import GGUFWriter, GGMLQuantizationType as Q, LlamaFileType, TokenType
 
 from localflash.formats.dflash_gguf import DFLASH2_KEYS
 from localflash.formats.gguf_meta import tensor_bytes
-from localflash.formats.gguf_write import add_decoder_keys, add_expert_keys, add_ssm_keys
+from localflash.formats.gguf_write import add_decoder_keys, add_expert_keys, add_ssm_keys, copy_tokenizer
 
 
 @dataclass(frozen=True)
@@ -353,13 +353,21 @@ SCALE_FIELDS = {
 }
 
 
-def write_random(path: Path, spec: ModelSpec, ftype: str, pool: np.ndarray, mask_token: int | None = None) -> Path:
-    """Like write_shaped, but every tensor holds random data (scales set so weights stay small)."""
+def write_random(path: Path, spec: ModelSpec, ftype: str, pool: np.ndarray, mask_token: int | None = None,
+                 tokenizer_from: str | Path | None = None) -> Path:
+    """Like write_shaped, but every tensor holds random data (scales set so weights stay small).
+
+    ``tokenizer_from``: a GGUF whose real tokenizer is copied (its size must be ``spec.n_vocab``) instead of the
+    placeholder vocabulary, e.g. the sdist's ``models/ggml-vocab-qwen2.gguf``.
+    """
     shapes = tensor_shapes(spec)
     types = quant_types(spec, shapes, ftype)
     w = GGUFWriter(str(path), spec.arch)
     _add_keys(w, spec, ftype)
-    _add_placeholder_vocab(w, spec.n_vocab)
+    if tokenizer_from is None:
+        _add_placeholder_vocab(w, spec.n_vocab)
+    elif copy_tokenizer(w, tokenizer_from) != spec.n_vocab:
+        raise ValueError(f"{tokenizer_from} does not hold {spec.n_vocab} tokens")
     if mask_token is not None:
         w.add_mask_token_id(mask_token)
     sizes = []
