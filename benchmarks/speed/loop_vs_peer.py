@@ -8,43 +8,55 @@ Both sides get the same files, prompt, context size, token budget, one thread
 - **draft**: the target file is its own drafter: localflash ``run --spec draft
   --fixed --draft-max k`` against ``--spec-type draft-simple --spec-draft-n-max k
   --spec-draft-n-min 0 --spec-draft-p-min 0`` (p-min 0: no draft stops early).
-  Greedy drafts from the target itself are accepted, so every cycle on both sides
-  is k one-token drafter decodes and one (k+1)-row verify; what differs is each
-  loop's own cost (the peer also decodes the verified batch into its draft
-  model every cycle, ``common_speculative_process``; ours decodes only what the
-  drafter lacks).
+  Greedy drafts from the target itself are accepted, so every cycle on both
+  sides verifies k+1 rows after k drafted tokens. The peer's drafter does a
+  little more by design: each cycle it also decodes the verified batch into
+  the draft model (``common_speculative_process``: k+1 rows, one output row)
+  before k one-token decodes, where ours decodes only the tokens its cache
+  lacks (k decodes, k output rows in all).
 - **dflash**: a random-weight DFlash drafter of the target's width written for
   block k+1 (``dflash.block_size``), so both sides decode ``[last, MASK x k]``
-  once per cycle: localflash ``--spec dflash --fixed --draft-max k`` against
-  ``--spec-type draft-dflash --spec-draft-n-max k``. Random drafts are (mostly)
-  rejected; equal work then means the same acceptance on both sides, which the
-  table shows (accepted / drafted per side) and the ``equal work`` column checks.
+  once per cycle and verify k+1 rows: localflash ``--spec dflash --fixed
+  --draft-max k`` against ``--spec-type draft-dflash --spec-draft-n-max k``.
+  The peer injects the features of every verified row into the drafter, ours
+  those of the committed rows. Random drafts are rejected; equal work then
+  means the same acceptance on both sides, which the table shows (accepted /
+  drafted per side) and the ``equal work`` column checks (rates within
+  ``--acceptance-tol``; a row that fails it says so and is left out of the guard).
 
 Targets are cheap random-weight ``llama`` models (``--layers`` blocks of width
-``--width``, Q4_0; head Q6_K), so the loop's cost shows beside the forward
+``--width``, Q4_0, head Q6_K), so the loop's cost shows beside the forward
 passes: one carries the Qwen2 tokenizer (151,936 tokens, the sdist's
 ``models/ggml-vocab-qwen2.gguf``), one the 248,320-token vocabulary of the
 Qwen3.6 models (a placeholder SentencePiece vocabulary of that size,
 ``localflash/testing/shaped.py``). DFlash drafters: one block, Q8_0, tapping
-every target layer. Files are written once under ``--work``.
+every target layer. Files are written once under ``--work``. Token budgets
+differ by row so both rows run enough cycles: ``--tokens-draft`` 128 (all
+drafts accepted: 8 cycles at k = 15, 26 at k = 4), ``--tokens-dflash`` 32
+(about one cycle per token).
 
 **What is timed.** The peer prints ``decoded N tokens in T seconds``: T runs
 from after its prompt pass (which leaves the last prompt token to the first
-cycle) to the end of the loop, N counts every token it generated (it makes
-``-n`` + 1: a last zero-draft cycle). localflash's ``--json`` statistics give
-``t_decode``, from after its prompt pass (which yields the first token) to the
-end, and ``generated``; ours is counted over the same span: (generated - 1) /
-t_decode, the tokens the decode cycles made over their time. Model loading,
-process start and prompt processing are outside both spans.
+cycle) to the end of its loop, N counts every token it generated (a few past
+``-n``: its last cycles are not cut to the budget, and it ends with a
+zero-draft cycle). localflash's ``--json`` statistics give ``t_decode``, from
+after its prompt pass (which yields the first token) to the end, and
+``generated``; ours is counted over the same span: (generated - 1) / t_decode,
+the tokens its decode cycles made over their time. Model loading, process
+start and prompt processing are outside both spans. Both are rates of the same
+steady loop; the ends differ by a cycle (the counts are in the table).
 
 Runs interleave (ours, peer, ours, peer, ...) ``--runs`` times per setting;
-the figure of each side is its best run (machine noise only slows a run down),
-the ratio is best ours / best peer. Tokens equal: the peer prints the prompt
+each side's figure is its best run (a shared machine only slows a run down),
+the ratio is best ours / best peer. Same tokens: the peer prints the prompt
 and its text to stdout, ours prints the text; the shorter must be a prefix of
-the longer. Exit status 1 if an equal-work row falls below ``--guard``.
+the longer. Where it is not, the texts part at a near tie of the random model:
+the two loops form different batches (the peer decodes the last prompt token
+in its first verify, ours in the prompt pass), and llama.cpp's logits depend a
+little on the batch. Exit status 1 if an equal-work row falls below ``--guard``.
 
     .venv/bin/python benchmarks/speed/loop_vs_peer.py --json out/loop_vs_peer.json
-    .venv/bin/python benchmarks/speed/loop_vs_peer.py --ks 4 --runs 1 --tokens 24 --guard 0   # a smoke run
+    .venv/bin/python benchmarks/speed/loop_vs_peer.py --ks 4 --runs 1 --tokens-draft 24 --tokens-dflash 12 --guard 0  # smoke
 """
 
 from __future__ import annotations
@@ -70,6 +82,7 @@ VOCABS = {"qwen2": 151936, "qwen3.6": 248320}
 ROWS = ("draft", "dflash")
 PROMPT = ("Write a short story about a lighthouse keeper who finds a message in a bottle, "
           "and explain what the message says.")
+PROMPT_END = PROMPT.split()[-1]  # the peer echoes the prompt as its pieces ("▁" for spaces); its text follows this word
 SDIST_VOCAB = "src/llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf"  # under PEER_DIR
 
 
@@ -107,21 +120,24 @@ def ours_command(target: Path, drafter: Path, kind: str, k: int, prompt: str, n:
 
 def run_ours(cmd: list[str]) -> dict:
     """One ``localflash run``; its --json statistics (last stderr line), tok/s over the peer's span, its text."""
-    res = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+    res = subprocess.run(cmd, capture_output=True)  # bytes: text mode would turn the model's "\r\n" into "\n"
+    stdout, stderr = (x.decode("utf-8", errors="replace") for x in (res.stdout, res.stderr))
     if res.returncode != 0:
-        raise RuntimeError(f"localflash failed ({res.returncode}): {' '.join(cmd)}\n{res.stderr[-2000:]}")
-    st = json.loads(res.stderr.strip().splitlines()[-1])
+        raise RuntimeError(f"localflash failed ({res.returncode}): {' '.join(cmd)}\n{stderr[-2000:]}")
+    st = json.loads(stderr.strip().splitlines()[-1])
     made = st["generated"] - 1  # the first token comes out of the prompt pass, before t_decode starts
     return {"tok_s": made / st["t_decode"] if st["t_decode"] > 0 else 0.0, "generated": st["generated"],
-            "t_decode": st["t_decode"], "cycles": st["cycles"], "drafted": st["drafted"], "accepted": st["accepted"],
-            "stop": st["stop"], "text": res.stdout[:-1] if res.stdout.endswith("\n") else res.stdout}
+            "prompt_tokens": st["prompt_tokens"], "t_decode": st["t_decode"], "cycles": st["cycles"], "drafted": st["drafted"], "accepted": st["accepted"],
+            "stop": st["stop"], "text": stdout[:-1] if stdout.endswith("\n") else stdout}
 
 
-def same_tokens(a: str | None, b: str | None) -> bool | None:
+def same_tokens(a: str | None, b: str | None) -> tuple[bool | None, int]:
+    """Whether the shorter text is a prefix of the longer (None: the peer's text was not found), and the common prefix length."""
     if a is None or b is None:
-        return None
+        return None, 0
     a, b = a.rstrip("\ufffd"), b.rstrip("\ufffd")  # a cut multi-byte character at either end
-    return a.startswith(b) if len(a) >= len(b) else b.startswith(a)
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return n == min(len(a), len(b)), n
 
 
 def acceptance(r: dict) -> float:
@@ -130,22 +146,25 @@ def acceptance(r: dict) -> float:
 
 def measure(a, target: Path, drafter: Path, row: str, k: int, prompt_file: Path, log) -> dict:
     """``a.runs`` interleaved runs of each side at one setting; the best of each, their ratio, acceptance, equality."""
-    cmd_ours = ours_command(target, drafter, row, k, PROMPT, a.tokens, a.ctx, a.threads)
-    cmd_peer = peer_command(target, drafter, row, k, prompt_file, a.tokens, a.ctx, a.threads, binary=a.peer)
+    n = a.tokens_draft if row == "draft" else a.tokens_dflash
+    cmd_ours = ours_command(target, drafter, row, k, PROMPT, n, a.ctx, a.threads)
+    cmd_peer = peer_command(target, drafter, row, k, prompt_file, n, a.ctx, a.threads, binary=a.peer)
     runs: dict[str, list[dict]] = {"ours": [], "peer": []}
     for _ in range(a.runs):
         runs["ours"].append(run_ours(cmd_ours))
-        p = run_peer(cmd_peer, PROMPT)
+        p = run_peer(cmd_peer, PROMPT_END)
         runs["peer"].append({key: p[key] for key in ("tok_s", "generated", "t_decode", "cycles", "text")}
                             | {"drafted": p["n_drafted"], "accepted": p["n_accept"]})
     best = {who: max(rs, key=lambda r: r["tok_s"]) for who, rs in runs.items()}
     acc = {who: acceptance(best[who]) for who in runs}
     # equal work: the same share of the drafts accepted on both sides (ends differ by a cycle: see the docstring)
     equal = abs(acc["ours"] - acc["peer"]) <= a.acceptance_tol
-    out = {"row": row, "k": k, "tok_s": {w: [r["tok_s"] for r in rs] for w, rs in runs.items()},
+    same, n_same = same_tokens(best["ours"]["text"], best["peer"]["text"])
+    out = {"row": row, "k": k, "tokens": n, "tok_s": {w: [r["tok_s"] for r in rs] for w, rs in runs.items()},
            "best": {w: best[w]["tok_s"] for w in runs}, "ratio": best["ours"]["tok_s"] / best["peer"]["tok_s"],
            "acceptance": acc, "counts": {w: {key: best[w][key] for key in ("generated", "cycles", "drafted", "accepted")} for w in runs},
-           "equal_work": equal, "same_tokens": same_tokens(best["ours"]["text"], best["peer"]["text"]),
+           "prompt_tokens": best["ours"]["prompt_tokens"],
+           "equal_work": equal, "same_tokens": same, "same_chars": n_same, "texts": {w: best[w]["text"] for w in runs},
            "stop_ours": best["ours"]["stop"], "commands": {"ours": cmd_ours, "peer": cmd_peer}}
     log(f"  {row:<6} k={k:<2} ours {' '.join(f'{x:6.1f}' for x in out['tok_s']['ours'])} | peer "
         f"{' '.join(f'{x:6.1f}' for x in out['tok_s']['peer'])} | ratio {out['ratio']:.2f} | accept "
@@ -156,14 +175,15 @@ def measure(a, target: Path, drafter: Path, row: str, k: int, prompt_file: Path,
 def markdown(report: dict) -> str:
     s = report["settings"]
     lines = [f"`benchmarks/speed/loop_vs_peer.py`, {report['date']}, localflash {report['machine'].get('localflash_commit', '?')}"
-             f"{' (dirty)' if report['machine'].get('localflash_dirty') else ''}; {s['tokens']} tokens, {s['threads']} thread(s), "
+             f"{' (dirty)' if report['machine'].get('localflash_dirty') else ''}; {s['tokens']['draft']} tokens a run (draft rows), "
+             f"{s['tokens']['dflash']} (dflash rows), {s['threads']} thread(s), "
              f"best of {s['runs']} interleaved runs; load average {report['load_start'][0]:.2f} at the start, "
              f"{report['load_end'][0]:.2f} at the end ({report['minutes']:.1f} min).", "",
              "| vocab | row | k | ours tok/s (runs) | peer tok/s (runs) | ours best | peer best | ours / peer | accepted ours | accepted peer | equal work | same tokens |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         c = r["counts"]
-        same = {True: "yes", False: "no", None: "–"}[r["same_tokens"]]
+        same = {True: "yes", False: f"no: from character {r['same_chars']}", None: "–"}[r["same_tokens"]]
         lines.append(
             f"| {r['vocab']} ({VOCABS[r['vocab']]:,}) | {r['row']} | {r['k']} | {' '.join(f'{x:.1f}' for x in r['tok_s']['ours'])} | "
             f"{' '.join(f'{x:.1f}' for x in r['tok_s']['peer'])} | {r['best']['ours']:.1f} | {r['best']['peer']:.1f} | "
@@ -179,11 +199,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ks", default="4,8,15", help="fixed draft lengths (default 4,8,15)")
     ap.add_argument("--runs", type=int, default=5, help="interleaved runs per side and setting; the best counts (default 5)")
-    ap.add_argument("--tokens", type=int, default=64, help="tokens to generate (-n) per run (default 64)")
+    ap.add_argument("--tokens-draft", type=int, default=128,
+                    help="tokens per run (-n) of the draft rows (default 128: drafts all accepted, 8 cycles at k = 15)")
+    ap.add_argument("--tokens-dflash", type=int, default=32,
+                    help="tokens per run of the dflash rows (default 32: random drafts rejected, about a cycle a token)")
     ap.add_argument("--vocabs", default="qwen2,qwen3.6", help=f"comma list of {', '.join(VOCABS)}")
     ap.add_argument("--rows", default="draft,dflash", help="comma list of draft, dflash")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--ctx", type=int, default=512, help="context size, both sides (default 512)")
+    ap.add_argument("--ctx", type=int, default=512, help="context size, both sides (default 512; a multiple of 256)")
     ap.add_argument("--width", type=int, default=256, help="target width (default 256)")
     ap.add_argument("--layers", type=int, default=4, help="target blocks (default 4)")
     ap.add_argument("--guard", type=float, default=1.2, help="fail (exit 1) when an equal-work row's ours/peer is below this")
@@ -214,7 +237,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": bl.machine_info(),
               "load_start": list(os.getloadavg()),
-              "settings": {"ks": ks, "runs": a.runs, "tokens": a.tokens, "vocabs": vocabs, "rows": rows, "threads": a.threads,
+              "settings": {"ks": ks, "runs": a.runs, "tokens": {"draft": a.tokens_draft, "dflash": a.tokens_dflash}, "vocabs": vocabs, "rows": rows, "threads": a.threads,
                            "ctx": a.ctx, "width": a.width, "layers": a.layers, "guard": a.guard, "prompt": PROMPT,
                            "omp_wait": "PASSIVE"},
               "command": ".venv/bin/python benchmarks/speed/loop_vs_peer.py " + " ".join(sys.argv[1:] if argv is None else argv)}
