@@ -20,6 +20,18 @@ DFlash drafter (Q8_0), it measures and writes to JSON after every stage:
 - greedy plain vs speculative output on the GPU: the first divergence and
   the target's top-2 logit margin there (kernels differ by batch size).
 
+Stage ``27b-mtp`` (run before ``27b``, on the same target file: the Qwen3.6-27B
+preset carries its MTP/nextn block) loads the hybrid target the way ``localflash
+run --spec mtp`` does (``open_engine``: the planner's plan, the MTP block loaded)
+and measures plain decode tok/s (a second context on the same weights), MTP
+speculative decode tok/s at the default draft length, acceptance (random
+weights: the MTP block's drafts are almost never the trunk's token, so expect
+~0; the stage measures the cost of drafting and verifying, not a speed-up),
+greedy plain vs MTP output (first divergence and its top-2 margin), and the
+device memory the load took (``nvidia-smi`` memory.used before and after, and
+NVML's per-process figure where ``nvidia-ml-py`` is importable) against the
+planner's price for that load.
+
 Weights are real random values, not zeros: a 64 MiB random byte pool is
 tiled through every quantized tensor and each block's scale fields are set
 so the dequantized weights are small (no inf/NaN). Zero weights would be
@@ -56,19 +68,26 @@ QWEN3_8B = ModelSpec("qwen3", "Qwen3-8B-shaped", n_layer=36, n_embd=4096, n_ff=1
 # a DFlash drafter for it in the style of z-lab's (5 Qwen3 blocks, block 16; target layer ids + 1 as llama.cpp counts)
 QWEN3_8B_DFLASH = ModelSpec("dflash", "Qwen3-8B-DFlash-shaped", n_layer=5, n_embd=4096, n_ff=12288, n_head=32, n_head_kv=8,
                             head_dim=128, n_vocab=151936, n_ctx_train=40960, target_layers=(2, 10, 18, 26, 34))
+# tag -> (target, drafter); a None drafter: the target's own MTP block (stage 27b-mtp, check_mtp)
 MODELS = {
     "8b": (QWEN3_8B, QWEN3_8B_DFLASH),
+    "27b-mtp": (PRESETS["qwen3.6-27b"], None),
     "27b": (PRESETS["qwen3.6-27b"], PRESETS["qwen3.6-27b-dflash"]),
 }
-# tiny stand-ins for --cpu-dry-run: the same architectures, every dimension small
+# cheapest proof first: the 8B target (smallest file), the hybrid's MTP stage (no drafter file, no oracle sweep),
+# then the 27B DFlash stage on the same target file (its oracle sweep runs as long as the budget lets it)
+DEFAULT_TARGETS = "8b,27b-mtp,27b"
+# tiny stand-ins for --cpu-dry-run: the same architectures, every dimension small; the hybrid keeps one MTP block
+TINY_QWEN35 = replace(PRESETS["qwen3.6-27b"], name="tiny-qwen35-mtp", n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2,
+                      head_dim=64, n_vocab=4096, linear_k_heads=2, linear_v_heads=4, linear_head_dim=64, n_nextn=1)
 TINY = {
     "8b": (replace(QWEN3_8B, name="tiny-qwen3", n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64, n_vocab=4096),
            replace(QWEN3_8B_DFLASH, name="tiny-qwen3-dflash", n_layer=1, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64,
                    n_vocab=4096, target_layers=(1, 3))),
-    "27b": (replace(PRESETS["qwen3.6-27b"], name="tiny-qwen35", n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64,
-                    n_vocab=4096, linear_k_heads=2, linear_v_heads=4, linear_head_dim=64, n_nextn=0),
+    "27b": (TINY_QWEN35,
             replace(PRESETS["qwen3.6-27b-dflash"], name="tiny-qwen35-dflash", n_layer=2, n_embd=256, n_ff=512, n_head=4,
                     n_head_kv=2, head_dim=64, n_vocab=4096, target_layers=(1, 3), swa_window=0, swa_layers=())),
+    "27b-mtp": (TINY_QWEN35, None),  # the same tiny hybrid with one MTP block (blk.4.nextn.*), as on the device
 }
 
 
@@ -322,11 +341,122 @@ def check_target(tag: str, tpath: Path, dpath: Path, rep: Report, a) -> None:
     target.close()
 
 
+def gpu_memory_used() -> dict:
+    """Device memory in use now: nvidia-smi's memory.used of GPU 0 (the whole card; this check is its only user) and,
+    where ``nvidia-ml-py`` is importable, what NVML attributes to this process (empty inside some containers)."""
+    out: dict = {}
+    try:
+        line = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True,
+                              text=True, timeout=30).stdout.strip().splitlines()[0]
+        out["card_used_bytes"] = int(float(line)) * 2**20
+    except (OSError, IndexError, ValueError, subprocess.TimeoutExpired) as e:
+        out["card_error"] = str(e)
+    try:
+        from localflash.plan.devices import used_by_process
+
+        out["process_bytes"] = used_by_process(os.getpid()).get(0)
+    except Exception as e:  # no pynvml, or NVML without this process's view
+        out["process_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def greedy_tokens(engine, prompt: list[int], n: int, st) -> list[int]:
+    return [tok for c in engine.generate(prompt, n, None, st) for tok in c]
+
+
+def check_mtp(tag: str, tpath: Path, rep: Report, a) -> None:
+    """The hybrid target with its own MTP block as drafter, loaded as ``localflash run --spec mtp`` loads it."""
+    from dataclasses import asdict
+
+    from localflash.config import config_from
+    from localflash.engine import open_engine
+    from localflash.plan.devices import detect
+    from localflash.speculative.stats import Stats
+
+    res: dict = {"target": tpath.name, "drafter": "the target's MTP (nextn) block", "spec": "mtp"}
+    vram = None
+    if a.ngl != 0 and not detect():  # no nvidia-ml-py: plan for the card nvidia-smi reports (else the plan is CPU-only)
+        total = rep.data["gpu"].get("memory_mib")
+        vram = f"{total}MiB" if total else None
+        res["plan_vram_from_nvidia_smi"] = vram
+    cfg = config_from(None, str(tpath), None, spec="mtp", ctx=a.ctx, threads=a.threads, n_gpu_layers=a.ngl, adaptive=False,
+                      vram=vram)
+    before = gpu_memory_used() if a.ngl != 0 else {}
+    t = time.perf_counter()
+    mtp = open_engine(cfg)
+    res["load_s"] = time.perf_counter() - t
+    after = gpu_memory_used() if a.ngl != 0 else {}
+    plan = mtp.plan
+    target = mtp.target
+    res["arch"], res["target_bytes"], res["n_layer_nextn"] = target.arch, target.size_bytes, target.n_layer_nextn
+    res["draft_max"] = mtp.drafter.max_draft
+    rows = [asdict(d) | {"used": d.used} for d in plan.devices]
+    price = sum(d.used for d in plan.devices)
+    mem = {"plan": {"n_ctx": plan.n_ctx, "n_gpu_layers": plan.n_gpu_layers, "type_k": plan.type_k, "devices": rows,
+                    "host": asdict(plan.host) | {"used": plan.host.used}, "gpu_bytes": price}, "before": before, "after_load": after}
+    if after.get("card_used_bytes") is not None and before.get("card_used_bytes") is not None:
+        got = after["card_used_bytes"] - before["card_used_bytes"]
+        # a CUDA context made by an earlier stage of this process is already in "before": compare without the plan's overhead
+        earlier = bool(rep.data["stages"])
+        want = price - (sum(d.overhead for d in plan.devices) if earlier else 0)
+        mem["measured_card_delta_bytes"] = got
+        mem["compared_with_plan_bytes"] = want
+        mem["compared_without_plan_overhead"] = earlier
+        mem["error"] = (want - got) / got if got else None
+        log(f"{tag}: device memory for the load {got / 2**30:.2f} GiB (nvidia-smi), planner {want / 2**30:.2f} GiB"
+            + (" without its runtime overhead (CUDA context made by an earlier stage)" if earlier else "")
+            + (f", error {mem['error']:+.1%}" if mem["error"] is not None else ""))
+    else:
+        log(f"{tag}: planner prices the load at {price / 2**30:.2f} GiB on the GPU(s); no device memory to compare it with"
+            + (" (CPU dry run)" if a.ngl == 0 else ""))
+    res["memory"] = mem
+    rep.stage(tag, res)
+    plain = open_engine(replace(cfg, spec="none"), target=target)  # a context of its own on the same weights
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(300, target.n_vocab - 1, size=a.prompt).tolist()
+    runs = {}
+    for name, eng in (("plain", plain), ("mtp", mtp)):
+        for n_tok in (8, a.ar_tokens):  # warm-up, then measure
+            eng.reset()
+            st = Stats()
+            toks = greedy_tokens(eng, prompt, n_tok, st)
+        eng.reset()
+        runs[name] = (toks, st)
+        res[name] = {"tok_s": (st.generated - 1) / st.t_decode if st.t_decode else 0.0, "tokens": st.generated, "cycles": st.cycles,
+                     "drafted": st.drafted, "accepted": st.accepted, "tau": st.tau,
+                     "acceptance": st.accepted / st.drafted if st.drafted else None}
+        rep.stage(tag, res)
+    m = res["mtp"]
+    res["speedup"] = m["tok_s"] / res["plain"]["tok_s"] if res["plain"]["tok_s"] else None
+    res["acceptance_note"] = "random weights: the MTP block's drafts are almost never the trunk's token; ~0 is expected"
+    log(f"{tag}: plain {res['plain']['tok_s']:.1f} tok/s, MTP {m['tok_s']:.1f} tok/s ({res['speedup']:.2f}x), "
+        f"accepted {m['accepted']}/{m['drafted']} drafts (tau {m['tau']:.2f}; random weights: ~0 expected)")
+    base, spec = runs["plain"][0], runs["mtp"][0]
+    first = next((i for i, (x, y) in enumerate(zip(base, spec)) if x != y), None)
+    eq = {"tokens": min(len(base), len(spec)), "equal": base == spec, "first_divergence": first}
+    if first is not None:
+        ctx = plain.ctx
+        ctx.clear()
+        hist = prompt + base[:first]
+        for off in range(0, len(hist), 512):
+            ch = hist[off : off + 512]
+            ctx.decode(ch, off, "last" if off + len(ch) == len(hist) else "none")
+        top = np.sort(ctx.logits(-1))[-2:]
+        eq["top2_margin_at_divergence"] = float(top[1] - top[0])
+        plain.reset()
+    res["greedy_equality"] = eq
+    log(f"{tag}: greedy plain vs MTP: {eq}")
+    rep.stage(tag, res)
+    plain.close()
+    mtp.close()
+    target.close()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="out/device_check.json")
     ap.add_argument("--models-dir", default=None, help="where the random GGUFs go (default: next to --out)")
-    ap.add_argument("--targets", default="8b,27b")
+    ap.add_argument("--targets", default=DEFAULT_TARGETS, help=f"comma list of {', '.join(MODELS)} (default {DEFAULT_TARGETS})")
     ap.add_argument("--deadline", type=float, default=None, help="unix time to stop by (default: now + --budget-s)")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes on the CPU: checks every stage in seconds")
@@ -364,30 +494,46 @@ def main(argv=None) -> int:
     rep.save()
     pool = np.random.default_rng(7).integers(0, 256, size=64 << 20, dtype=np.uint8)
     models = TINY if a.cpu_dry_run else MODELS
-    for tag in [t.strip() for t in a.targets.split(",") if t.strip()]:
+    tags = [t.strip() for t in a.targets.split(",") if t.strip()]
+    unknown = [t for t in tags if t not in models]
+    if unknown:
+        ap.error(f"unknown target(s) {', '.join(unknown)}: choose from {', '.join(models)}")
+    for i, tag in enumerate(tags):
         if rep.left() < 60:
             rep.skip(f"{tag}: not started (time)")
             continue
         tspec, dspec = models[tag]
         tpath = mdir / f"{tspec.name}-Q4_K_M.gguf"
-        dpath = mdir / f"{dspec.name}-Q8_0.gguf"
+        dpath = mdir / f"{dspec.name}-Q8_0.gguf" if dspec else None
         t0 = time.perf_counter()
         if not tpath.exists():
             write_random(tpath, tspec, "Q4_K_M", pool)
-        if not dpath.exists():
+        if dpath and not dpath.exists():
             write_random(dpath, dspec, "Q8_0", pool, mask_token=3)
-        log(f"{tag}: models ready in {time.perf_counter() - t0:.1f} s ({tpath.stat().st_size / 2**30:.2f} + {dpath.stat().st_size / 2**30:.2f} GiB)")
+        sizes = f"{tpath.stat().st_size / 2**30:.2f}" + (f" + {dpath.stat().st_size / 2**30:.2f}" if dpath else "")
+        log(f"{tag}: models ready in {time.perf_counter() - t0:.1f} s ({sizes} GiB)")
         rep.data.setdefault("write_s", {})[tag] = time.perf_counter() - t0
 
         try:
-            check_target(tag, tpath, dpath, rep, a)
+            if dpath is None:
+                check_mtp(tag, tpath, rep, a)
+            else:
+                check_target(tag, tpath, dpath, rep, a)
         except Exception as e:  # keep what the other target can still measure
             rep.data.setdefault("errors", {})[tag] = f"{type(e).__name__}: {e}"
             rep.save()
             log(f"{tag}: FAILED: {type(e).__name__}: {e}")
         if not a.cpu_dry_run and os.environ.get("DEVICE_CHECK_KEEP_MODELS") != "1":
-            for p in (tpath, dpath):
-                p.unlink(missing_ok=True)
+            later = [m for t in tags[i + 1:] for m in models[t] if m is not None]  # a file a later stage loads stays
+            for spec, p in ((tspec, tpath), (dspec, dpath)):
+                if p is not None and spec not in later:
+                    p.unlink(missing_ok=True)
+    if not a.cpu_dry_run and os.environ.get("DEVICE_CHECK_KEEP_MODELS") != "1":  # kept for a stage then skipped for time
+        for t in tags:
+            tspec, dspec = models[t]
+            (mdir / f"{tspec.name}-Q4_K_M.gguf").unlink(missing_ok=True)
+            if dspec:
+                (mdir / f"{dspec.name}-Q8_0.gguf").unlink(missing_ok=True)
     rep.data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     rep.save()
     log(f"wrote {out}")

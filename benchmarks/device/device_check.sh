@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # GPU device check for a machine with one NVIDIA GPU and no network (see benchmarks/device/device_check.py
 # for what it measures). Builds llama-cpp-python 0.3.36 with CUDA for the GPU it finds, installs
-# it into a private folder, generates random-weight GGUFs with real shapes (8B- and 27B-class
-# Q4_K_M targets + DFlash drafters) and writes $OUT/device_check.json, then the host cost per cycle at
-# Qwen3.6 shapes (benchmarks/speed/bench_host.py, block 16, greedy/top-k 40/top-p 0.95: $OUT/bench_host.json) in
-# the last HOST_S (100) seconds. Whole run: 9 minutes (BUDGET_S=540) from start to JSON; stages that do
-# not fit are skipped and listed in the JSON.
+# it into a private folder, generates random-weight GGUFs with real shapes (an 8B-class Q4_K_M target +
+# DFlash drafter; the Qwen3.6-27B-shaped hybrid qwen35 Q4_K_M target with its MTP block, measured first with
+# that block as drafter (stage 27b-mtp), then with a DFlash drafter (27b)) and writes $OUT/device_check.json,
+# then the host cost per cycle at Qwen3.6 shapes (benchmarks/speed/bench_host.py, block 16, greedy/top-k 40/top-p
+# 0.95, variants HOST_VARIANTS: $OUT/bench_host.json) in the last HOST_S (100) seconds. Whole run: 9 minutes
+# (BUDGET_S=540) from start to JSON, the CUDA build included (a wheel built earlier on the same machine is
+# reused); stages that do not fit are skipped and listed in the JSON.
 #
 #   benchmarks/device/device_check.sh --pack           # HERE (with network): gather what the GPU machine needs
-#                                            # into out/device-carry/ (slim sdist ~6 MB + 2 wheels)
+#                                            # into out/device-carry/ (slim sdist ~6 MB + 3 wheels)
 #   benchmarks/device/device_check.sh                  # THERE: build, generate, measure (carry out/device-carry)
 #   benchmarks/device/device_check.sh --cpu-dry-run    # anywhere: every stage with tiny models on the CPU, no build
 #
@@ -20,7 +22,8 @@
 # A wheel already built for the same flags (in $WHEEL_DIR) is reused.
 #
 # Env: OUT (default out/device), BUDGET_S (540), HOST_S (100), CUDA_ARCH (default: from nvidia-smi), JOBS (nproc),
-#      TARGETS ("8b,27b"), PYTHON (python3). scripts/cmake_flags.sh finds cuBLAS in the toolkit or in an
+#      TARGETS ("8b,27b-mtp,27b", in that order: cheapest proof first), HOST_VARIANTS (bench_host.py --variants,
+#      default "before,host,graph"), PYTHON (python3). scripts/cmake_flags.sh finds cuBLAS in the toolkit or in an
 #      installed nvidia-cublas wheel (the GPU image's python has one) and the driver under /usr/local/nvidia.
 set -euo pipefail
 
@@ -35,6 +38,8 @@ CARRY=$ROOT/out/device-carry
 CACHE=${LOCALFLASH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/localflash}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
+# bench_host.py's variants: before/host/graph (drafter rows read by NumPy or as ids from the graph)
+HOST_VARIANTS=${HOST_VARIANTS:-before,host,graph}
 say() { echo "[device_check.sh $(date +%H:%M:%S) +$(($(date +%s) - START))s] $*" >&2; }
 
 if [[ ${1:-} == --pack ]]; then
@@ -53,8 +58,9 @@ if [[ ${1:-} == --pack ]]; then
   done
   tar -czf "$CARRY/llama_cpp_python-$VERSION-slim.tar.gz" -C "$tmp" "llama_cpp_python-$VERSION"
   rm -rf "$tmp"
-  # pure-Python packages the GPU image lacks (it has numpy, pyyaml, tqdm, requests, jinja2, typer, rich)
-  "${PIP[@]}" download --no-deps --only-binary=:all: -d "$CARRY" gguf==0.19.0 diskcache==5.6.3
+  # pure-Python packages the GPU image lacks (it has numpy, pyyaml, tqdm, requests, jinja2, typer, rich);
+  # nvidia-ml-py (pynvml) lets the planner see the card and the MTP stage read this process's device memory
+  "${PIP[@]}" download --no-deps --only-binary=:all: -d "$CARRY" gguf==0.19.0 diskcache==5.6.3 "nvidia-ml-py>=12"
   du -sh "$CARRY"/* >&2
   say "packed: run it there with carry [\"out/device-carry\"]"
   exit 0
@@ -62,10 +68,14 @@ fi
 
 if [[ ${1:-} == --cpu-dry-run ]]; then
   PY=${PYTHON:-$ROOT/.venv/bin/python}
-  "$PY" benchmarks/device/device_check.py --cpu-dry-run --out "$OUT/device_check_dry.json" --deadline "$DEADLINE" --targets "${TARGETS:-8b,27b}"
-  rc=$?
-  # bench_host.py runs at real shapes only (a 248,320 x 5,120 vocabulary is no dry run): check its command line here
-  "$PY" benchmarks/speed/bench_host.py --help >/dev/null || rc=1
+  rc=0
+  "$PY" benchmarks/device/device_check.py --cpu-dry-run --out "$OUT/device_check_dry.json" --deadline "$DEADLINE" --targets "${TARGETS:-8b,27b-mtp,27b}" || rc=$?
+  # bench_host.py runs at real shapes only (a 248,320 x 5,120 vocabulary is no dry run): check its command line here,
+  # and that every variant the device run asks for is one it names
+  help=$("$PY" benchmarks/speed/bench_host.py --help) || rc=1
+  for v in ${HOST_VARIANTS//,/ }; do
+    grep -qF -- "$v" <<<"$help" || { say "bench_host.py --help names no variant $v"; rc=1; }
+  done
   exit $rc
 fi
 
@@ -81,7 +91,7 @@ ARCH=${CUDA_ARCH:-$cc}
 SITE=${SITE:-/tmp/lf-site}
 mkdir -p "$SITE"
 export PYTHONPATH=$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}
-for whl in "$CARRY"/gguf-*.whl "$CARRY"/diskcache-*.whl; do
+for whl in "$CARRY"/gguf-*.whl "$CARRY"/diskcache-*.whl "$CARRY"/nvidia_ml_py-*.whl; do
   if [[ -f $whl ]]; then "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$whl"; fi
 done
 flags=$(CUDA=1 CUDA_ARCH=$ARCH bash scripts/cmake_flags.sh)
@@ -116,11 +126,12 @@ say "$left s left for the measurements"
 HOST_S=${HOST_S:-100}
 rc=0
 PYTHONUNBUFFERED=1 "$PY" benchmarks/device/device_check.py --out "$OUT/device_check.json" --models-dir "${MODELS_DIR:-/tmp/lf-device-models}" \
-  --deadline "$((DEADLINE - HOST_S))" --targets "${TARGETS:-8b,27b}" || rc=$?
+  --deadline "$((DEADLINE - HOST_S))" --targets "${TARGETS:-8b,27b-mtp,27b}" || rc=$?
 left=$((DEADLINE - $(date +%s) - 5))
 if (( left > 30 )); then
   say "bench_host.py with $left s left"
   PYTHONUNBUFFERED=1 timeout "$left" "$PY" benchmarks/speed/bench_host.py --blocks 16 --sampling greedy,topk40,topp95 --tokens 64 --repeat 1 \
+    --variants "$HOST_VARIANTS" \
     --work "${MODELS_DIR:-/tmp/lf-device-models}/bench_host" --json "$OUT/bench_host.json" >"$OUT/bench_host.txt" 2>&1 ||
     say "bench_host.py stopped (exit $?; output so far in $OUT/bench_host.txt)"
 else
