@@ -396,16 +396,16 @@ def check_mtp(tag: str, tpath: Path, rep: Report, a) -> None:
                     "host": asdict(plan.host) | {"used": plan.host.used}, "gpu_bytes": price}, "before": before, "after_load": after}
     if after.get("card_used_bytes") is not None and before.get("card_used_bytes") is not None:
         got = after["card_used_bytes"] - before["card_used_bytes"]
-        # a CUDA context made by an earlier stage of this process is already in "before": compare without the plan's overhead
-        earlier = bool(rep.data["stages"])
-        want = price - (sum(d.overhead for d in plan.devices) if earlier else 0)
+        # the plan's runtime overhead (CUDA context, cuBLAS workspace, pool) may already be in "before" (this process's
+        # CUDA context is made by llama.cpp's CUDA backend or an earlier stage): both comparisons are kept
+        overhead = sum(d.overhead for d in plan.devices)
         mem["measured_card_delta_bytes"] = got
-        mem["compared_with_plan_bytes"] = want
-        mem["compared_without_plan_overhead"] = earlier
-        mem["error"] = (want - got) / got if got else None
-        log(f"{tag}: device memory for the load {got / 2**30:.2f} GiB (nvidia-smi), planner {want / 2**30:.2f} GiB"
-            + (" without its runtime overhead (CUDA context made by an earlier stage)" if earlier else "")
-            + (f", error {mem['error']:+.1%}" if mem["error"] is not None else ""))
+        mem["plan_overhead_bytes"] = overhead
+        mem["error_vs_plan"] = (price - got) / got if got else None
+        mem["error_vs_plan_without_overhead"] = (price - overhead - got) / got if got else None
+        log(f"{tag}: device memory taken by the load {got / 2**30:.2f} GiB (nvidia-smi delta; card at "
+            f"{before['card_used_bytes'] / 2**30:.2f} GiB before), planner {price / 2**30:.2f} GiB "
+            f"({(price - overhead) / 2**30:.2f} GiB without its {overhead / 2**20:.0f} MiB runtime overhead)")
     else:
         log(f"{tag}: planner prices the load at {price / 2**30:.2f} GiB on the GPU(s); no device memory to compare it with"
             + (" (CPU dry run)" if a.ngl == 0 else ""))
