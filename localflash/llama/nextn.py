@@ -19,6 +19,7 @@ import numpy as np
 
 from localflash.errors import LocalflashError
 from localflash.llama.bindings import ext
+from localflash.llama.views import float_view
 from localflash.llama.runtime import Batch, Context, ContextOptions, Model
 
 
@@ -34,7 +35,7 @@ def nextn_rows(ctx: Context, n_rows: int) -> np.ndarray:
     ptr = ext().llama_get_embeddings_nextn(ctx.ptr)
     if not ptr:
         raise LocalflashError("no nextn hidden states", hint="enable_nextn(ctx) before decoding")
-    return np.ctypeslib.as_array(ptr, shape=(n_rows, ctx.model.n_embd))
+    return float_view(ptr, (n_rows, ctx.model.n_embd))
 
 
 class MtpContext(Context):
@@ -78,4 +79,4 @@ class MtpContext(Context):
         ptr = ext().llama_get_embeddings_nextn_ith(self.ptr, -1)
         if not ptr:
             raise LocalflashError("the last MTP decode had no output row")
-        return np.ctypeslib.as_array(ptr, shape=(self.model.n_embd,))
+        return float_view(ptr, (self.model.n_embd,))

@@ -18,6 +18,7 @@ import numpy as np
 from localflash.errors import LocalflashError
 from localflash.llama.batch import Batch  # noqa: F401  (re-exported)
 from localflash.llama.bindings import ext, lib, recent_log
+from localflash.llama.views import float_view
 from localflash.llama.rpc import device_array, local_gpus
 from localflash.llama.rollback import RecurrentCache, StateCheckpoint  # noqa: F401  (StateCheckpoint: re-exported)
 
@@ -295,18 +296,9 @@ class Context(RecurrentCache):
         b = self._batch
         if self.n_seq_max > 1:
             b.reset_seqs(max(n, self.min_rows))  # the rows this decode uses, padding included
-        b.token[:n] = tokens
-        b.pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
-        if outputs == "all":
-            if n > self.n_outputs_max:
-                raise LocalflashError(f"{n} output rows requested but the context was made for {self.n_outputs_max}")
-            b.logits[:n] = 1
-            n_out = n
-        else:
-            b.logits[:n] = 0
-            if outputs == "last":
-                b.logits[n - 1] = 1
-            n_out = int(outputs == "last")
+        if outputs == "all" and n > self.n_outputs_max:
+            raise LocalflashError(f"{n} output rows requested but the context was made for {self.n_outputs_max}")
+        n_out = b.fill(tokens, start_pos, outputs)
         pad = self.min_rows - n if n < self.min_rows else 0
         if pad:  # copies of the last token, cut off again below; with outputs if the real rows have any,
             # so that the output projection, too, multiplies a batch (not one row)
@@ -351,9 +343,15 @@ class Context(RecurrentCache):
         """The token ids of the last token decode (a view, valid until the next one)."""
         return self._batch.token[: self.n_last]
 
-    def decode_embd(self, rows: np.ndarray, start_pos: int) -> None:
-        """Decode a batch of float input rows (e.g. DFlash target features); no outputs."""
-        n, width = rows.shape
+    def decode_embd(self, parts, start_pos: int, n: int | None = None) -> None:
+        """Decode float input rows (e.g. DFlash target features); no outputs.
+
+        ``parts``: one ``[n, width]`` array, or a list of ``[>= n, w_i]`` arrays whose first ``n``
+        rows, side by side, are the input rows (written straight into the batch: no joined copy).
+        """
+        parts = [parts] if isinstance(parts, np.ndarray) else list(parts)
+        n = parts[0].shape[0] if n is None else n
+        width = sum(p.shape[1] for p in parts)
         if self._embd_batch is None or self._embd_batch.width != width:
             if self._embd_batch is not None:
                 self._embd_batch.close()
@@ -361,8 +359,12 @@ class Context(RecurrentCache):
         b = self._embd_batch
         for off in range(0, n, self.n_batch):
             m = min(self.n_batch, n - off)
-            b.embd[:m] = rows[off : off + m]
-            b.pos[:m] = np.arange(start_pos + off, start_pos + off + m, dtype=np.int32)
+            col = 0
+            for p in parts:
+                w = p.shape[1]
+                b.embd[:m, col : col + w] = p[off : off + m]
+                col += w
+            b.set_positions(start_pos + off, m)
             b.logits[:m] = 0
             b.raw.n_tokens = m
             self._run(b.raw, m)
@@ -383,12 +385,12 @@ class Context(RecurrentCache):
         ptr = lib().llama_get_logits_ith(self.ptr, self._last_row if row == -1 else row)
         if not ptr:
             raise LocalflashError("no logits for that row")
-        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+        return float_view(ptr, (self.model.n_vocab,))
 
     def all_logits(self) -> np.ndarray:
         """All output rows of the last decode, a ``[n_outputs, n_vocab]`` view."""
         ptr = lib().llama_get_logits(self.ptr)
-        return np.ctypeslib.as_array(ptr, shape=(self._n_out, self.model.n_vocab))
+        return float_view(ptr, (self._n_out, self.model.n_vocab))
 
     # -- backend sampling ---------------------------------------------------
     def sample_greedy_in_graph(self) -> bool:
@@ -438,7 +440,7 @@ class Context(RecurrentCache):
         ptr = ext().llama_get_embeddings_layer_inp(self.ptr, lid)
         if not ptr:
             raise LocalflashError(f"layer {lid} inputs were not captured", hint="call capture_layer_inputs first")
-        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_embd))
+        return float_view(ptr, (n_rows, self.model.n_embd))
 
     # -- nextn outputs (DFlash2 selector lattice, EAGLE-3 hidden states) ---
     def output_nextn(self, masked: bool) -> None:
@@ -450,7 +452,7 @@ class Context(RecurrentCache):
         ptr = ext().llama_get_embeddings_nextn(self.ptr)
         if not ptr:
             raise LocalflashError("no nextn rows", hint="call output_nextn before decoding")
-        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_embd))
+        return float_view(ptr, (n_rows, self.model.n_embd))
 
     def close(self) -> None:
         self._free()

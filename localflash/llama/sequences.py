@@ -19,6 +19,7 @@ import numpy as np
 
 from localflash.errors import LocalflashError
 from localflash.llama.bindings import ext, lib
+from localflash.llama.views import float_view
 from localflash.llama.rollback import RecurrentCache
 
 
@@ -80,25 +81,25 @@ class SeqView(RecurrentCache):
         ptr = lib().llama_get_logits_ith(self.ptr, i)
         if not ptr:
             raise LocalflashError("no logits for that row")
-        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+        return float_view(ptr, (self.model.n_vocab,))
 
     def all_logits(self) -> np.ndarray:
         full = lib().llama_get_logits(self.ptr)
-        rows = np.ctypeslib.as_array(full, shape=(self._out0 + self._n_out, self.model.n_vocab))
+        rows = float_view(full, (self._out0 + self._n_out, self.model.n_vocab))
         return rows[self._out0 :]
 
     def layer_input(self, lid: int, n_rows: int) -> np.ndarray:
         ptr = ext().llama_get_embeddings_layer_inp(self.ptr, lid)
         if not ptr:
             raise LocalflashError(f"layer {lid} inputs were not captured", hint="call capture_layer_inputs first")
-        return np.ctypeslib.as_array(ptr, shape=(self._row0 + n_rows, self.model.n_embd))[self._row0 :]
+        return float_view(ptr, (self._row0 + n_rows, self.model.n_embd))[self._row0 :]
 
     def nextn_rows(self, n_rows: int) -> np.ndarray:
         """Unmasked nextn hidden states of this view's rows of the last decode."""
         ptr = ext().llama_get_embeddings_nextn(self.ptr)
         if not ptr:
             raise LocalflashError("no nextn hidden states", hint="enable_nextn(ctx) before decoding")
-        return np.ctypeslib.as_array(ptr, shape=(self._row0 + n_rows, self.model.n_embd))[self._row0 :]
+        return float_view(ptr, (self._row0 + n_rows, self.model.n_embd))[self._row0 :]
 
     def capture_layer_inputs(self, layer_ids: list[int]) -> None:
         self.base.capture_layer_inputs(layer_ids)

@@ -121,9 +121,8 @@ class DFlashDrafter(Drafter):
     def on_target_decode(self, target_ctx: Context, start_pos: int, n_committed: int) -> None:
         if start_pos != self.n_injected or start_pos + n_committed > self.ctx_limit:
             return  # past the drafter's context (or after a gap): no features, so no drafts from here
-        rows = target_ctx.n_last
-        feats = np.concatenate([target_ctx.layer_input(lid, rows)[:n_committed] for lid in self.layer_ids], axis=1)
-        self.ctx.decode_embd(feats, start_pos)
+        rows = target_ctx.n_last  # each tapped layer's rows go straight into the drafter's batch, side by side
+        self.ctx.decode_embd([target_ctx.layer_input(lid, rows) for lid in self.layer_ids], start_pos, n_committed)
         self.n_injected = start_pos + n_committed
 
     def propose(self, history: list[int], n_past: int, k: int) -> list[int]:

@@ -40,6 +40,7 @@ class SyntheticDrafter(Drafter):
         if inner is not None:
             self.ctx_limit = inner.ctx_limit
         self.rng = np.random.default_rng(seed)
+        self._refill()
         self.reference: list[int] = []  # prompt + the target's plain continuation
         self.right = 0  # draft tokens proposed as the reference token
         self.wrong = 0  # ... proposed as another token
@@ -51,6 +52,13 @@ class SyntheticDrafter(Drafter):
         self.reference = list(tokens)
         self.rng = np.random.default_rng(self.seed)
         self._same = 0
+        self._refill()
+
+    def _refill(self, n: int = 4096) -> None:
+        """Draw the next ``n`` per-token outcomes at once (a cycle then only slices lists: its cost is the loop's, not ours)."""
+        self._ok = (self.rng.random(n) < self.accept).tolist()
+        self._shift = self.rng.integers(1, self.n_vocab, size=n).tolist()
+        self._next = 0
 
     def rollback(self, n_keep: int) -> None:
         if self.inner is not None:
@@ -77,11 +85,14 @@ class SyntheticDrafter(Drafter):
             self.off_track += k > 0 and self._same != n
             return []
         truth = ref[n : n + k]
-        right = self.rng.random(len(truth)) < self.accept
-        shift = self.rng.integers(1, self.n_vocab, size=len(truth))
-        draft = [t if ok else (t + int(s)) % self.n_vocab for t, ok, s in zip(truth, right, shift)]
-        self.right += int(right.sum())
-        self.wrong += len(truth) - int(right.sum())
+        if self._next + len(truth) > len(self._ok):
+            self._refill()
+        i, j = self._next, self._next + len(truth)
+        self._next = j
+        draft = [t if ok else (t + s) % self.n_vocab for t, ok, s in zip(truth, self._ok[i:j], self._shift[i:j])]
+        right = sum(self._ok[i:j])
+        self.right += right
+        self.wrong += len(truth) - right
         return draft
 
     def close(self) -> None:
