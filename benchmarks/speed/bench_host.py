@@ -151,6 +151,29 @@ def kept_sizes(rows: np.ndarray, params) -> list[int]:
     return [len(kept_set(r, params)[0]) for r in rows]
 
 
+def count_calls(eng, prompt, n_tokens, sp) -> float:
+    """Python and C function calls per decode cycle (sys.setprofile's call and c_call events), prefill excluded."""
+    from localflash.speculative.stats import Stats
+
+    eng.reset()
+    st = Stats()
+    gen = eng.generate(prompt, n_tokens, sp, st)
+    next(gen)
+    n = [0]
+
+    def count(frame, event, arg):
+        if event in ("call", "c_call"):
+            n[0] += 1
+
+    sys.setprofile(count)
+    try:
+        for _ in gen:
+            pass
+    finally:
+        sys.setprofile(None)
+    return n[0] / max(st.cycles, 1)
+
+
 def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) -> None:
     from localflash.llama import Context, ContextOptions, Model
     from localflash.speculative import loop
@@ -206,6 +229,7 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
                         pstats.Stats(prof).sort_stats("tottime").print_stats(a.profile_top)
                     runs.append(dict(cycles=st.cycles, tau=st.tau, host_cpu=cpu - inside_cpu, host_wall=wall - inside,
                                      verify=tt.seconds - t0, draft=dt.seconds - d0, same=toks == ref, hist=list(st.accept_hist)))
+                calls = count_calls(eng, prompt, a.tokens, sp) if a.count_calls else None
                 loop.Sampler, loop.verify_block = real
                 best = min(runs, key=lambda r: r["host_cpu"])  # interference only ever adds
                 cyc = best["cycles"]
@@ -217,13 +241,15 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
                     "host_cpu_us_runs": [1e6 * r["host_cpu"] / r["cycles"] for r in runs],
                     "share_20ms": host_us / (host_us + 20000), "share_30ms": host_us / (host_us + 30000),
                     "target_decode_ms_per_cycle": 1e3 * best["verify"] / cyc, "drafter_decode_ms_per_cycle": 1e3 * best["draft"] / cyc,
+                    "python_calls_per_cycle": calls,
                     "same_as_plain": all(r["same"] for r in runs), "off_track_cycles": synth.off_track, "accept_hist": best["hist"],
                 }
                 out.append(row)
                 print(f"block {block:2d} {name:7s} {variant:6s}: host {host_us:7.0f} us/cycle CPU "
                       f"({row['host_wall_us_per_cycle']:.0f} wall), tau {best['tau']:.2f}, {cyc} cycles, "
                       f"{100 * row['share_20ms']:.2f}% of a 20 ms / {100 * row['share_30ms']:.2f}% of a 30 ms verify, "
-                      f"drafter decode {row['drafter_decode_ms_per_cycle']:.0f} ms/cycle, same as plain {row['same_as_plain']}", flush=True)
+                      f"drafter decode {row['drafter_decode_ms_per_cycle']:.0f} ms/cycle, same as plain {row['same_as_plain']}"
+                      + (f", {calls:.0f} Python calls/cycle" if calls is not None else ""), flush=True)
             if name != "greedy" and block == 16:  # rows like the loop's: how big the kept sets are
                 eng = next(iter(engines.values()))[0]
                 eng.reset()
@@ -253,6 +279,8 @@ def main(argv=None) -> int:
                          "host: today's sampler, drafts read by NumPy; graph: today's sampler, drafts as ids from llama.cpp's graph")
     ap.add_argument("--work", default=str(Path.home() / ".cache" / "localflash" / "bench_host"))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-count-calls", dest="count_calls", action="store_false",
+                    help="skip the extra run per setting that counts Python calls per cycle")
     ap.add_argument("--profile", action="store_true", help="print cProfile's top functions (thread CPU time) of each timed run")
     ap.add_argument("--profile-top", type=int, default=16)
     a = ap.parse_args(argv)
