@@ -121,6 +121,7 @@ class Model:
             raise LocalflashError(f"llama.cpp could not load {self.path.name}: {_last_error()}")
         self._free = weakref.finalize(self, L.llama_model_free, self.ptr)
         self.vocab = L.llama_model_get_vocab(self.ptr)
+        self._eog: dict[int, bool] = {}  # token -> end of generation, filled as tokens are asked about
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.n_embd = L.llama_model_n_embd(self.ptr)
         self.n_layer = L.llama_model_n_layer(self.ptr)
@@ -166,7 +167,9 @@ class Model:
 
     # -- vocabulary ---------------------------------------------------------
     def is_eog(self, token: int) -> bool:
-        return bool(lib().llama_vocab_is_eog(self.vocab, token))
+        if token not in self._eog:  # asked for every sampled row: a dict beats a ctypes call
+            self._eog[token] = bool(lib().llama_vocab_is_eog(self.vocab, token))
+        return self._eog[token]
 
     def token_text(self, token: int) -> str:
         t = lib().llama_vocab_get_text(self.vocab, token)
@@ -344,11 +347,9 @@ class Context(RecurrentCache):
         return self._batch.token[: self.n_last]
 
     def decode_embd(self, parts, start_pos: int, n: int | None = None) -> None:
-        """Decode float input rows (e.g. DFlash target features); no outputs.
-
-        ``parts``: one ``[n, width]`` array, or a list of ``[>= n, w_i]`` arrays whose first ``n``
-        rows, side by side, are the input rows (written straight into the batch: no joined copy).
-        """
+        """Decode float input rows (e.g. DFlash target features), no outputs: ``parts`` is one ``[n, width]``
+        array or a list of ``[>= n, w_i]`` arrays whose first ``n`` rows, side by side, are the rows
+        (written straight into the batch: no joined copy)."""
         parts = [parts] if isinstance(parts, np.ndarray) else list(parts)
         n = parts[0].shape[0] if n is None else n
         width = sum(p.shape[1] for p in parts)
