@@ -17,6 +17,7 @@ each probe that does not turn it back on doubles the wait for the next one
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
 PRIOR_HITS, PRIOR_TRIES = 1.0, 2.0  # optimistic 0.5 until the run says otherwise
@@ -32,25 +33,32 @@ class CostTable:
 
     ema: dict[int, float] = field(default_factory=dict)
     alpha: float = 0.2
+    sizes: list[int] = field(default_factory=list)  # the measured sizes, ascending (kept by add)
 
     def add(self, size: int, seconds: float) -> None:
         old = self.ema.get(size)
+        if old is None:
+            insort(self.sizes, size)
         self.ema[size] = seconds if old is None else old + self.alpha * (seconds - old)
 
     def __call__(self, size: int) -> float | None:
-        if size in self.ema:
-            return self.ema[size]
+        got = self.ema.get(size)
+        if got is not None:
+            return got
         if not self.ema:
             return None
-        keys = sorted(self.ema)
-        lo = max((s for s in keys if s < size), default=None)
-        hi = min((s for s in keys if s > size), default=None)
-        if lo is not None and hi is not None:
+        if len(self.sizes) != len(self.ema):  # ema filled directly (tests, copies): re-sort once
+            self.sizes = sorted(self.ema)
+        i = bisect_left(self.sizes, size)  # sizes[i - 1] < size < sizes[i]
+        if 0 < i < len(self.sizes):
+            lo, hi = self.sizes[i - 1], self.sizes[i]
             f = (size - lo) / (hi - lo)
             return self.ema[lo] + f * (self.ema[hi] - self.ema[lo])
         # outside the measured range: scale the nearest by size (pessimistic for verify)
-        near = lo if lo is not None else hi
-        return self.ema[near] * max(size, 1) / max(near, 1) if lo is not None else self.ema[near]
+        if i:
+            near = self.sizes[-1]
+            return self.ema[near] * max(size, 1) / max(near, 1)
+        return self.ema[self.sizes[0]]
 
 
 class DraftPolicy:
