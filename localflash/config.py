@@ -23,6 +23,7 @@ from localflash.registry.pairs import get_pair
 EXACT_MAX_ROWS = 63  # in exact mode: a verify batch of 64+ rows takes ggml's tiled flash attention, which rounds differently
 DEFAULT_CTX = 4096  # without a pair or --ctx
 TREE_MAX = 64  # drafted nodes a --tree verify may hold
+SAMPLE_IN_GRAPH = ("auto", "on", "off")  # where the target's rows are sampled (speculative/graph_sampler.py)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
     "parallel": LoadOption(int, 1, (), "Parallel slots: requests decoded together, each with 1/N of the context (serve --parallel, bench --parallel)."),
     "rpc": LoadOption(Optional[str], None, ("--rpc",), "llama.cpp rpc-servers for target layers: HOST:PORT[,HOST:PORT...] (load(): a list too); trusted network only."),
     "tree": LoadOption(Optional[int], None, ("--tree",), "Verify a tree of at most N drafted tokens per target pass (0: a chain; default: a chain). Not on hybrid targets."),
+    "sample_in_graph": LoadOption(str, "auto", ("--sample-in-graph",), "auto | on | off: sample the target's rows inside llama.cpp's graph, so only token ids reach the host (auto: on where the target's output layer is on a GPU; not with --tree or slots)."),
     # Python API only
     "vram": LoadOption(Optional[str], None, (), 'VRAM budget override, e.g. "24GiB" (default: detected).'),
     "gpus": LoadOption(Optional[str], None, (), 'Cards by index ("0,1") or by size ("24GiB,24GiB").'),
@@ -84,6 +86,7 @@ class RunConfig:
     parallel: int = _default("parallel")  # slots decoded together (speculative/slots.py); 1: one request at a time
     rpc: tuple[str, ...] = ()  # rpc-server endpoints (HOST:PORT) that hold target layers
     tree: int | None = _default("tree")  # drafted nodes per tree verify (0/None: a chain); speculative/tree.py
+    sample_in_graph: str = _default("sample_in_graph")  # auto | on | off: engine.sample_in_graph resolves it
 
 
 def config_from_options(**options) -> RunConfig:
@@ -136,6 +139,8 @@ def config_from(pair: str | None, target: str | None, drafter: str | None, **fla
     if cfg.exact and cfg.draft_max is not None and cfg.draft_max + 1 > EXACT_MAX_ROWS:
         raise LocalflashError(f"--exact verifies at most {EXACT_MAX_ROWS} rows at once, so --draft-max must be at most "
                               f"{EXACT_MAX_ROWS - 1}, got {cfg.draft_max}")
+    if cfg.sample_in_graph not in SAMPLE_IN_GRAPH:
+        raise LocalflashError(f"unknown --sample-in-graph {cfg.sample_in_graph!r}", hint=f"use one of {', '.join(SAMPLE_IN_GRAPH)}")
     if cfg.tree is not None and not 0 <= cfg.tree <= TREE_MAX:
         raise LocalflashError(f"--tree must be in 0..{TREE_MAX} drafted nodes, got {cfg.tree}")
     if cfg.exact and cfg.tree and cfg.tree + 1 > EXACT_MAX_ROWS:

@@ -198,6 +198,7 @@ def open_engine(cfg: RunConfig, target=None):
             **exact_ctx,
         ),
     )
+    in_graph = sample_in_graph(cfg, ctx, target)
     drafter_ctx = min(plan.drafter_n_ctx or plan.n_ctx, ctx.n_ctx_seq)  # no drafter file (MTP, n-gram): the target's
     if n_seq > 1:  # parallel slots: a drafter instance per slot, sharing the drafter's weights
         from localflash.speculative.slots import SlotPool
@@ -211,7 +212,7 @@ def open_engine(cfg: RunConfig, target=None):
         return pool
     drafter = make_drafter(spec, target, ctx, drafter_model, n_ctx=drafter_ctx, max_draft=max_draft, threads=cfg.threads,
                            p_min=cfg.p_min, kv=plan.type_k, in_graph_argmax=False if tree else None)
-    engine = Engine(target, ctx, drafter, adaptive=cfg.adaptive, draft_max=max_draft)
+    engine = Engine(target, ctx, drafter, adaptive=cfg.adaptive, draft_max=max_draft, sample_in_graph=in_graph)
     if tree:  # adaptive: each cycle verifies as much of the tree as pays (TreeSize); --fixed: all of it
         engine.tree = TreeVerifier(tree, size=TreeSize(CostTable()) if cfg.adaptive else None)
     engine.plan = plan
@@ -220,6 +221,37 @@ def open_engine(cfg: RunConfig, target=None):
 
         sys.stderr.write(f"localflash: target cache rollback: {ctx.describe_rollback()}\n")
     return engine
+
+
+def sample_in_graph(cfg: RunConfig, ctx, target) -> bool:
+    """Whether the target's rows are sampled in llama.cpp's graph (``--sample-in-graph``); if so a chain is attached to ``ctx``.
+
+    ``auto``: where the target's output layer is on a GPU: a verify pass's rows then stay on the card
+    and only token ids cross the bus (the host path copies every row: rows x vocabulary x 4 bytes).
+    Not on a CPU: ggml's CPU sampling ops take every row of the pass (argmax, top-k, a full sort for
+    top-p), where the host sampler reads only the rows up to the first rejection (docs/benchmarks.md).
+    ``on`` forces it (refused with a tree or slots, whose rows the host reads; an error where llama.cpp
+    cannot attach the chain), ``off`` keeps the host path.
+    """
+    want = cfg.sample_in_graph
+    if want == "off":
+        return False
+    blocker = "--tree" if cfg.tree else "parallel slots" if cfg.parallel > 1 else None
+    if blocker:
+        if want == "on":
+            raise LocalflashError(f"--sample-in-graph on does not combine with {blocker}: their rows are sampled on the host",
+                                  hint="use --sample-in-graph auto or off")
+        return False
+    from localflash.llama import gpu_offload_supported
+
+    layers = target.options.n_gpu_layers
+    if want == "auto" and not (gpu_offload_supported() and (layers < 0 or layers > target.n_layer)):
+        return False
+    if ctx.sample_greedy_in_graph():
+        return True
+    if want == "on":
+        raise LocalflashError("llama.cpp could not attach a sampler chain to the target context", hint="use --sample-in-graph off")
+    return False
 
 
 class SharedModel:

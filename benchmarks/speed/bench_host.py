@@ -30,7 +30,14 @@ verbatim), the DFlash drafts read from its logits by NumPy; ``host`` = today's
 sampler, drafts read by NumPy; ``graph`` = today's sampler, drafts taken by
 llama.cpp's in-graph argmax (only ids reach the host: what a GPU build does;
 on a CPU that argmax is a scalar loop inside the drafter's ``llama_decode``,
-which the drafter decode column shows).
+which the drafter decode column shows); ``graph+target`` = ``graph`` with the
+target's verify rows sampled in llama.cpp's graph as well (``--sample-in-graph on``:
+only token ids reach the host, so the host's share is the loop alone; on a CPU the
+graph's sampling ops run inside the target's ``llama_decode``, the target decode
+column). Sampled runs of ``graph+target`` are checked against plain decoding on the
+same path (llama.cpp's ``dist`` draws differently from localflash's sampler).
+Each block also prints the bytes of logits that cross to the host per cycle on
+each path (computed from the shapes).
 
     .venv/bin/python benchmarks/speed/bench_host.py --json host.json
     .venv/bin/python benchmarks/speed/bench_host.py --blocks 16 --sampling greedy --variants graph --tokens 64 --profile
@@ -52,6 +59,7 @@ import numpy as np  # noqa: E402
 
 from localflash.bench import rig as bl  # noqa: E402
 
+TARGET_IN_GRAPH = "graph+target"  # the variant whose target rows are sampled in llama.cpp's graph too
 SAMPLING = {  # name -> (temperature, top_k, top_p, min_p)
     "greedy": (0.0, 40, 1.0, 0.0),
     "topk40": (0.8, 40, 0.95, 0.05),
@@ -139,9 +147,9 @@ def old_verify_block(ctx, draft, sample, is_eog):
 
 
 def use_before() -> None:
-    from localflash.speculative import loop
+    from localflash.speculative import graph_sampler, loop
 
-    loop.Sampler = OldSampler
+    graph_sampler.Sampler = OldSampler
     loop.verify_block = old_verify_block
 
 
@@ -176,7 +184,8 @@ def count_calls(eng, prompt, n_tokens, sp) -> float:
 
 def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) -> None:
     from localflash.llama import Context, ContextOptions, Model
-    from localflash.speculative import loop
+    from localflash.llama.graph_sampling import logits_bytes_to_host
+    from localflash.speculative import graph_sampler, loop
     from localflash.engine import make_drafter
     from localflash.speculative.loop import Engine
     from localflash.speculative.sampling import SamplingParams
@@ -188,21 +197,27 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
     tt = bl.Timer(ctx)
     engines = {}
     for v in a.variants.split(","):  # before/host: NumPy reads the drafter's rows; graph: llama.cpp's graph returns ids
-        dflash = make_drafter("dflash", target, ctx, Model(dpath), n_ctx=1024, threads=a.threads, in_graph_argmax=v == "graph")
+        dflash = make_drafter("dflash", target, ctx, Model(dpath), n_ctx=1024, threads=a.threads, in_graph_argmax=v.startswith("graph"))
         synth = make_drafter(f"synthetic@{a.alpha!r}", target, ctx, max_draft=k, n_ctx=1024, inner=dflash)
-        engines[v] = (Engine(target, ctx, synth, adaptive=False, draft_max=k), synth, bl.Timer(dflash.ctx))
+        engines[v] = (Engine(target, ctx, synth, adaptive=False, draft_max=k, sample_in_graph=v == TARGET_IN_GRAPH), synth, bl.Timer(dflash.ctx))
     prompt = [int(x) for x in np.random.default_rng(0).integers(300, target.n_vocab - 1, size=64)]
-    real = (loop.Sampler, loop.verify_block)
+    host_mb, graph_b = logits_bytes_to_host(block, target.n_vocab, False) / 1e6, logits_bytes_to_host(block, target.n_vocab, True)
+    print(f"block {block:2d}: logits to host per cycle: {host_mb:.1f} MB (host rows: {block} x {target.n_vocab:,} x 4 B) "
+          f"vs {graph_b} B (in graph: {block} token ids)", flush=True)
+    out.append({"block": block, "logits_to_host_bytes_per_cycle": {"host": host_mb * 1e6, "graph": graph_b}})
+    real = (graph_sampler.Sampler, loop.verify_block)
     try:
         for name in a.sampling.split(","):
             temp, top_k, top_p, min_p = SAMPLING[name]
             sp = SamplingParams(temp, top_k, top_p, min_p, seed=7)
-            if name not in refs:  # the oracle's reference: plain decoding with the same settings and seed
-                plain_ctx = Context(target, ContextOptions(n_ctx=1024, n_batch=256, n_ubatch=256, n_outputs_max=1, n_threads=a.threads, n_rs_seq=1))
-                refs[name] = [t for new in Engine(target, plain_ctx).generate(prompt, a.tokens, sp) for t in new]
-                plain_ctx.close()
-            ref = refs[name]
+            for path in ("host", "graph"):  # the oracle's reference: plain decoding, same settings and seed, on each sampling path
+                if (name, path) not in refs:  # (the two paths draw differently: speculative/graph_sampler.py)
+                    plain_ctx = Context(target, ContextOptions(n_ctx=1024, n_batch=256, n_ubatch=256, n_outputs_max=1, n_threads=a.threads, n_rs_seq=1))
+                    plain = Engine(target, plain_ctx, sample_in_graph=path == "graph")
+                    refs[name, path] = [t for new in plain.generate(prompt, a.tokens, sp) for t in new]
+                    plain_ctx.close()
             for variant, (eng, synth, dt) in engines.items():
+                ref = refs[name, "graph" if variant == TARGET_IN_GRAPH else "host"]
                 if variant == "before":
                     use_before()
                 synth.set_reference(prompt + ref)
@@ -230,7 +245,7 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
                     runs.append(dict(cycles=st.cycles, tau=st.tau, host_cpu=cpu - inside_cpu, host_wall=wall - inside,
                                      verify=tt.seconds - t0, draft=dt.seconds - d0, same=toks == ref, hist=list(st.accept_hist)))
                 calls = count_calls(eng, prompt, a.tokens, sp) if a.count_calls else None
-                loop.Sampler, loop.verify_block = real
+                graph_sampler.Sampler, loop.verify_block = real
                 best = min(runs, key=lambda r: r["host_cpu"])  # interference only ever adds
                 cyc = best["cycles"]
                 host_us = 1e6 * best["host_cpu"] / cyc
@@ -245,14 +260,15 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
                     "same_as_plain": all(r["same"] for r in runs), "off_track_cycles": synth.off_track, "accept_hist": best["hist"],
                 }
                 out.append(row)
-                print(f"block {block:2d} {name:7s} {variant:6s}: host {host_us:7.0f} us/cycle CPU "
+                print(f"block {block:2d} {name:7s} {variant:12s}: host {host_us:7.0f} us/cycle CPU "
                       f"({row['host_wall_us_per_cycle']:.0f} wall), tau {best['tau']:.2f}, {cyc} cycles, "
                       f"{100 * row['share_20ms']:.2f}% of a 20 ms / {100 * row['share_30ms']:.2f}% of a 30 ms verify, "
-                      f"drafter decode {row['drafter_decode_ms_per_cycle']:.0f} ms/cycle, same as plain {row['same_as_plain']}"
+                      f"target decode {row['target_decode_ms_per_cycle']:.0f} ms/cycle, drafter decode {row['drafter_decode_ms_per_cycle']:.0f} ms/cycle, same as plain {row['same_as_plain']}"
                       + (f", {calls:.0f} Python calls/cycle" if calls is not None else ""), flush=True)
             if name != "greedy" and block == 16:  # rows like the loop's: how big the kept sets are
                 eng = next(iter(engines.values()))[0]
                 eng.reset()
+                ctx.sample_on_host()
                 ctx.decode(prompt[:-block], 0, "none")
                 ctx.decode(prompt[-block:], len(prompt) - block, "all")
                 sizes = kept_sizes(ctx.all_logits(), sp)
@@ -260,7 +276,7 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
                 print(f"  {name}: kept set sizes over a 16-row verify batch: median {statistics.median(sizes):.0f}, max {max(sizes)}")
                 out.append({"block": block, "sampling": name, "kept_set_sizes": sizes})
     finally:
-        loop.Sampler, loop.verify_block = real
+        graph_sampler.Sampler, loop.verify_block = real
         for eng, _, _ in engines.values():
             eng.drafter.close()
         ctx.close()
@@ -274,9 +290,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=2, help="runs per setting; the lowest host CPU counts")
     ap.add_argument("--alpha", type=float, default=0.84, help="synthetic per-token acceptance (0.84: tau ~6 at block 16)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--variants", default="before,host,graph",
+    ap.add_argument("--variants", default=f"before,host,graph,{TARGET_IN_GRAPH}",
                     help="before: the sampler and verify step of main at 5515589 (drafts read by NumPy); "
-                         "host: today's sampler, drafts read by NumPy; graph: today's sampler, drafts as ids from llama.cpp's graph")
+                         "host: today's sampler, drafts read by NumPy; graph: today's sampler, drafts as ids from llama.cpp's graph; "
+                         f"{TARGET_IN_GRAPH}: drafts and the target's rows sampled in llama.cpp's graph (what a GPU build does)")
     ap.add_argument("--work", default=str(Path.home() / ".cache" / "localflash" / "bench_host"))
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-count-calls", dest="count_calls", action="store_false",

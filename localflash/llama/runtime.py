@@ -20,6 +20,7 @@ from localflash.llama.batch import Batch  # noqa: F401  (re-exported)
 from localflash.llama.bindings import ext, lib, recent_log
 from localflash.llama.views import float_view
 from localflash.llama.rpc import device_array, local_gpus
+from localflash.llama.graph_sampling import InGraphSampling
 from localflash.llama.rollback import RecurrentCache, StateCheckpoint  # noqa: F401  (StateCheckpoint: re-exported)
 
 GGUF_MAGIC = b"GGUF"
@@ -236,8 +237,8 @@ class ContextOptions:
     mtp: bool = False  # an MTP context: runs the model's nextn block (LLAMA_CONTEXT_TYPE_MTP)
 
 
-class Context(RecurrentCache):
-    """An inference context (KV cache, compute buffers) on one model, sequence 0."""
+class Context(RecurrentCache, InGraphSampling):
+    """An inference context (KV cache, compute buffers) on one model, sequence 0 (its rows may be sampled in the graph)."""
 
     def __init__(self, model: Model, options: ContextOptions | None = None, other: "Context | None" = None):
         global _tiled_mm_at_first_context
@@ -270,7 +271,8 @@ class Context(RecurrentCache):
         self.ptr = L.llama_init_from_model(model.ptr, p)
         if not self.ptr:
             raise LocalflashError(f"llama.cpp could not create a context for {model.path.name}: {_last_error()}")
-        self._free = weakref.finalize(self, L.llama_free, self.ptr)
+        self._init_graph_sampling()
+        self._free = self._finalizer()  # the context, then any sampler chain it holds
         self.min_rows = max(1, o.min_rows)
         self.n_ctx = L.llama_n_ctx(self.ptr) - (self.min_rows - 1)  # room for the padding row(s)
         self.n_batch = p.n_batch
@@ -393,28 +395,6 @@ class Context(RecurrentCache):
         ptr = lib().llama_get_logits(self.ptr)
         return float_view(ptr, (self._n_out, self.model.n_vocab))
 
-    # -- backend sampling ---------------------------------------------------
-    def sample_greedy_in_graph(self) -> bool:
-        """Take every output row's argmax inside llama.cpp's graph (``llama_set_sampler``).
-
-        Only token ids come back (read them with :meth:`sampled`); no logits are
-        copied to the host, so :meth:`logits` has nothing to show afterwards.
-        Returns False (and changes nothing) where the backend cannot do it.
-        """
-        L = lib()
-        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
-        if not L.llama_set_sampler(self.ptr, 0, chain):
-            L.llama_sampler_free(chain)
-            return False
-        self._free.detach()  # the context refers to the chain: free the context first
-        self._free = weakref.finalize(self, _free_context_and_sampler, self.ptr, chain)
-        return True
-
-    def sampled(self, row: int) -> int:
-        """The token the in-graph sampler chose for output row ``row`` of the last decode."""
-        return lib().llama_get_sampled_token_ith(self.ptr, row)
-
     # -- memory -------------------------------------------------------------
     def pos_max(self, seq: int = 0) -> int:
         return lib().llama_memory_seq_pos_max(self.mem, seq)
@@ -458,11 +438,6 @@ class Context(RecurrentCache):
     def close(self) -> None:
         self._free()
         self.ptr = None
-
-
-def _free_context_and_sampler(ctx, chain) -> None:
-    lib().llama_free(ctx)
-    lib().llama_sampler_free(chain)
 
 
 class _BuftOverride(ctypes.Structure):

@@ -1,7 +1,7 @@
 """llama.cpp's own sampler chain (top-k, top-p, min-p, temperature, dist), for measuring beside ours.
 
-localflash samples in :mod:`localflash.speculative.sampling` (its seeded draws
-are what make speculative sampling equal plain sampling token for token);
+localflash samples on the host in :mod:`localflash.speculative.sampling`, or attaches
+the same chain to the target context (:mod:`localflash.llama.graph_sampling`);
 ``benchmarks/speed/bench_sampling.py`` times this chain, on the host and attached to a
 context as llama.cpp's backend sampling, on the same rows.
 """
@@ -9,6 +9,7 @@ context as llama.cpp's backend sampling, on the same rows.
 from __future__ import annotations
 
 from localflash.llama.bindings import lib
+from localflash.llama.graph_sampling import chain_ptr
 from localflash.llama.runtime import Context
 
 
@@ -16,21 +17,7 @@ class SamplerChain:
     """A ``llama_sampler`` chain in llama.cpp's default order; greedy when ``temperature`` is 0."""
 
     def __init__(self, temperature: float, top_k: int, top_p: float, min_p: float, seed: int = 0):
-        L = lib()
-        self.ptr = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        if temperature <= 0:
-            parts = [L.llama_sampler_init_greedy()]
-        else:
-            parts = []
-            if top_k > 0:
-                parts.append(L.llama_sampler_init_top_k(top_k))
-            if top_p < 1.0:
-                parts.append(L.llama_sampler_init_top_p(top_p, 1))
-            if min_p > 0.0:
-                parts.append(L.llama_sampler_init_min_p(min_p, 1))
-            parts += [L.llama_sampler_init_temp(temperature), L.llama_sampler_init_dist(seed)]
-        for p in parts:
-            L.llama_sampler_chain_add(self.ptr, p)
+        self.ptr = chain_ptr(temperature, top_k, top_p, min_p, seed)
         self.attached: Context | None = None
 
     def sample(self, ctx: Context, row: int) -> int:

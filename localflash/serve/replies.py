@@ -46,6 +46,7 @@ def timings(last) -> dict:
         "draft_n_accepted": st.accepted,
         "tau": st.tau,
         "drafter": st.drafter,
+        "sampled_in": st.sampled_in,  # host | graph: where the target's rows were sampled
     }
 
 

@@ -138,6 +138,7 @@ class Timings(BaseModel):
     draft_n_accepted: int
     tau: float
     drafter: str
+    sampled_in: str = "host"  # where the target's rows were sampled: host (logits copied) | graph (llama.cpp's chain, ids copied)
 
 
 class FunctionCallOut(BaseModel):

@@ -17,7 +17,8 @@ from localflash.errors import LocalflashError
 from localflash.llama import Context, Model
 from localflash.speculative.adapt import DraftPolicy
 from localflash.speculative.drafter import Drafter
-from localflash.speculative.sampling import Sampler, SamplingParams
+from localflash.speculative.graph_sampler import GraphSampler, request_sampler
+from localflash.speculative.sampling import SamplingParams
 from localflash.speculative.stats import Stats
 
 
@@ -26,12 +27,16 @@ class Engine:
 
     ``clock``: where every duration it records comes from (the draft policy's costs, Stats' times);
     ``time.perf_counter`` unless a caller measures costs its own way (tests inject a cost model).
+    ``sample_in_graph``: the target's rows are sampled by llama.cpp's chain in the graph
+    (``speculative/graph_sampler.py``; not with a tree, whose walk reads every node's logits).
     """
 
     clock = staticmethod(time.perf_counter)
 
-    def __init__(self, target: Model, ctx: Context, drafter: Drafter | None = None, adaptive: bool = True, draft_max: int | None = None):
+    def __init__(self, target: Model, ctx: Context, drafter: Drafter | None = None, adaptive: bool = True, draft_max: int | None = None,
+                 sample_in_graph: bool = False):
         self.target = target
+        self.sample_in_graph = sample_in_graph
         self.ctx = ctx
         self.drafter = drafter or Drafter()
         max_draft = self.drafter.max_draft if draft_max is None else min(draft_max, self.drafter.max_draft)
@@ -49,11 +54,13 @@ class Engine:
         """
         st = stats if stats is not None else Stats()
         st.drafter = self.drafter.name if self.policy.max_draft else "none"
-        sample = Sampler(sampling)
         check_prompt(prompt, self.ctx.n_ctx)
+        sample = request_sampler(self.ctx, sampling, self.sample_in_graph and self.tree is None)
+        st.sampled_in = "graph" if isinstance(sample, GraphSampler) else "host"
         t0 = self.clock()
         counts0 = dict(self.ctx.counts)
-        last = sample(self._prefill(prompt, st))
+        self._prefill(prompt, st)
+        last = verify_block(self.ctx, [], sample, self.target.is_eog)[0]  # the prompt's last row
         st.t_prefill = self.clock() - t0
         st.prompt_tokens = len(prompt)
         history = list(prompt) + [last]
@@ -129,7 +136,7 @@ class Engine:
         return new, t_draft, t_verify
 
     def _prefill(self, prompt: list[int], st: Stats):
-        """Decode the part of ``prompt`` not already cached; return the last row's logits."""
+        """Decode the part of ``prompt`` not already cached; return the last row's logits (None: sampled in the graph)."""
         keep = _common_prefix(self.tokens, prompt)
         if keep == len(prompt):
             keep -= 1  # at least one token must be decoded to get fresh logits
@@ -149,7 +156,7 @@ class Engine:
                 self.drafter.on_target_decode(self.ctx, off, len(chunk))
             if hi < len(prompt):
                 self.ctx.checkpoint()
-        logits = self.ctx.logits(-1)
+        logits = None if self.sample_in_graph else self.ctx.logits(-1)
         self.drafter.on_prompt(prompt)
         return logits
 
@@ -167,7 +174,7 @@ class Engine:
             for _ in range(2):
                 t = self.clock()
                 self.ctx.decode(filler * size, n_past, "all")
-                self.ctx.logits(0)
+                self.ctx.sampled(0) if self.ctx.samples_in_graph else self.ctx.logits(0)  # waits for the pass
                 best = min(best, self.clock() - t)
                 self._cut(n_past)
             self.policy.verify.add(size, best)
@@ -203,14 +210,20 @@ def verify_block(ctx: Context, draft: list[int], sample, is_eog) -> list[int]:
 
     Returns the committed tokens: the accepted drafts plus one token of the
     target's own (the bonus), or fewer if an end-of-generation token comes first.
+    No draft: the last output row (a plain step, the prompt's last token). With a
+    :class:`GraphSampler` the rows' tokens are the ids llama.cpp's chain drew in the
+    graph, and the committed ones are accepted into it (its stream's next draws).
     """
-    rows = ctx.all_logits() if draft else [ctx.logits(-1)]  # views: no row is copied
+    graph = isinstance(sample, GraphSampler)
+    rows = None if graph else ctx.all_logits() if draft else [ctx.logits(-1)]  # views: no row is copied
     new = []
     for i in range(len(draft) + 1):  # row by row, stopping at the first mismatch: only τ rows are read
-        tok = sample(rows[i])
+        tok = (ctx.sampled(i) if draft else ctx.sampled(-1)) if graph else sample(rows[i])
         new.append(tok)
         if i == len(draft) or tok != draft[i] or is_eog(tok):
             break
+    if graph:
+        ctx.accept_sampled(new)
     return new
 
 

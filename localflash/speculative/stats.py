@@ -40,6 +40,7 @@ class Stats:
     rollback: str = ""  # how the target cache went back: kv | snapshot (n_rs_seq) | replay (checkpoint + replay)
     snapshot_rollbacks: int = 0  # cuts served by recurrent-state snapshots
     checkpoint_restores: int = 0  # cuts served by restoring a recurrent-state checkpoint (then replay / re-prefill)
+    sampled_in: str = "host"  # where the target's rows were sampled: host (logits copied, localflash's Sampler) | graph (llama.cpp's chain, ids copied)
 
     def record_cycle(self, n_drafted: int, n_accepted: int, n_committed: int, depth: int | None = None, leaves: int = 1) -> None:
         """One cycle: ``n_drafted`` tokens (a tree's nodes, ``depth`` deep) of which ``n_accepted`` on the accepted path.
@@ -109,6 +110,7 @@ class Stats:
         self.drafter = other.drafter
         self.stop = other.stop
         self.rollback = other.rollback
+        self.sampled_in = other.sampled_in
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -136,6 +138,8 @@ class Stats:
             line += f" | {self.drafter}: τ {self.tau:.2f}, accepted {self.accepted}/{self.drafted} ({100 * self.acceptance:.0f}%)"
             if self.tree_cycles:
                 line += f", tree {self.mean_tree_nodes:.1f} nodes in {self.tree_cycles}/{self.cycles} cycles"
+        if self.sampled_in == "graph":
+            line += " | target rows sampled in the graph"
         if self.t_calibrate:
             line += f" | calibration {1000 * self.t_calibrate:.0f} ms (once per engine)"
         if self.rollback in ("snapshot", "replay"):

@@ -1,0 +1,145 @@
+"""Sampling a context's output rows inside llama.cpp's graph (backend sampling, ``llama_set_sampler``).
+
+With a sampler chain attached to sequence 0, every output row of a decode is sampled where it is
+computed: only token ids come back (``llama_get_sampled_token_ith``), and llama.cpp copies no
+logits to the host (``needs_raw_logits`` in src/llama-context.cpp is false when every output
+row's sequence has a sampler), so :meth:`Context.logits` has nothing to show afterwards.
+
+The chain is llama.cpp's default order, as localflash's own sampler applies it: ``greedy`` alone
+(temperature 0), else top-k, top-p, min-p (on the untempered logits), temperature, ``dist``.
+
+The random stream (``dist`` in src/llama-sampler.cpp). With ``n_outputs_max_per_seq`` > 1 the
+chain is *transactional*: every decode draws its output rows' uniforms, in row order, from a copy
+of the generator taken at the start of that decode (``llama_sampler_backend_begin``), and
+``llama_sampler_accept`` advances the real generator by one draw per committed token (at most as
+many as that decode drew). So row i of a verify pass after c committed tokens draws uniform c + i,
+the one plain decoding draws for that position, and rows never committed (rejected drafts,
+calibration passes) leave the stream where it was: speculative output equals plain output of the
+same seed on this path, token for token. Decodes without output rows draw nothing. With one
+output row per sequence (``n_outputs_max`` 1) every decode draws from the real generator and
+accept does nothing: the same stream as long as every output row decoded is committed, which
+plain decoding does (a context made for drafts has more rows, so it is transactional).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from localflash.errors import LocalflashError
+from localflash.llama.bindings import lib
+
+LLAMA_TOKEN_NULL = -1
+
+
+def chain_ptr(temperature: float, top_k: int, top_p: float, min_p: float, seed: int | None = None):
+    """A new ``llama_sampler`` chain in llama.cpp's default order (caller frees it); greedy when ``temperature`` is 0.
+
+    ``seed`` None: llama.cpp picks one at random (``LLAMA_DEFAULT_SEED``); others are taken mod 2^32.
+    """
+    L = lib()
+    ptr = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+    if temperature <= 0:
+        parts = [L.llama_sampler_init_greedy()]
+    else:
+        parts = []
+        if top_k > 0:
+            parts.append(L.llama_sampler_init_top_k(top_k))
+        if top_p < 1.0:
+            parts.append(L.llama_sampler_init_top_p(top_p, 1))
+        if min_p > 0.0:
+            parts.append(L.llama_sampler_init_min_p(min_p, 1))
+        s = L.LLAMA_DEFAULT_SEED if seed is None else seed & 0xFFFFFFFF
+        parts += [L.llama_sampler_init_temp(temperature), L.llama_sampler_init_dist(s)]
+    for p in parts:
+        L.llama_sampler_chain_add(ptr, p)
+    return ptr
+
+
+class InGraphSampling:
+    """:class:`~localflash.llama.runtime.Context` methods: sequence 0's rows sampled in llama.cpp's graph.
+
+    The context keeps the chain it samples with alive (``_chains``, freed after the context).
+    """
+
+    def _init_graph_sampling(self) -> None:
+        self._chains: list = []  # the attached chain (at most one), freed after the context
+        self._graph_key: tuple | None = None  # the settings of the attached chain; None: rows go to the host
+
+    def _finalizer(self) -> weakref.finalize:
+        return weakref.finalize(self, _free_context_and_chains, self.ptr, self._chains)
+
+    @property
+    def samples_in_graph(self) -> bool:
+        """Whether sequence 0's output rows are sampled in the graph (no logits reach the host)."""
+        return self._graph_key is not None
+
+    def sample_in_graph(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                        seed: int | None = None) -> bool:
+        """Sample every output row of sequence 0 in the graph with these settings, from a fresh stream of ``seed``.
+
+        The same settings as the attached chain's: the chain is reset (its generator back to
+        ``seed``; no graph rebuild). Other settings: a new chain replaces it (llama.cpp reserves
+        its graphs again at the next decode). Returns False where the backend cannot take the
+        chain; sequence 0's rows then go to the host again.
+        """
+        L = lib()
+        key = ("greedy",) if temperature <= 0 else (float(temperature), int(top_k), float(top_p), float(min_p), seed)
+        if key == self._graph_key:
+            L.llama_sampler_reset(self._chains[0])
+            return True
+        new = chain_ptr(temperature, top_k, top_p, min_p, seed)
+        ok = bool(L.llama_set_sampler(self.ptr, 0, new))  # on failure llama.cpp detaches any chain sequence 0 had
+        self._release_chain()
+        if not ok:
+            L.llama_sampler_free(new)
+            self._graph_key = None
+            return False
+        self._chains.append(new)
+        self._graph_key = key
+        return True
+
+    def sample_greedy_in_graph(self) -> bool:
+        """Take every output row's argmax inside llama.cpp's graph; read the ids with :meth:`sampled`."""
+        return self.sample_in_graph()
+
+    def sample_on_host(self) -> None:
+        """Detach the chain: decodes copy logits to the host again."""
+        if self._graph_key is not None:
+            lib().llama_set_sampler(self.ptr, 0, None)
+            self._release_chain()
+            self._graph_key = None
+
+    def _release_chain(self) -> None:
+        while self._chains:
+            lib().llama_sampler_free(self._chains.pop())
+
+    def sampled(self, row: int = -1) -> int:
+        """The token the in-graph chain chose for output row ``row`` (a batch index; -1: the last real row)."""
+        tok = lib().llama_get_sampled_token_ith(self.ptr, self._last_row if row == -1 else row)
+        if tok == LLAMA_TOKEN_NULL:
+            raise LocalflashError(f"llama.cpp sampled no token for row {row} in its graph",
+                                  hint="the backend could not run the whole sampler chain: load with --sample-in-graph off")
+        return tok
+
+    def accept_sampled(self, tokens) -> None:
+        """Commit ``tokens`` to the chain: its generator advances one draw per token (see the module docstring)."""
+        if self._chains and self._graph_key != ("greedy",):
+            accept, chain = lib().llama_sampler_accept, self._chains[0]
+            for t in tokens:
+                accept(chain, t)
+
+
+def _free_context_and_chains(ctx, chains: list) -> None:
+    """The context first: it refers to its chain."""
+    lib().llama_free(ctx)
+    while chains:
+        lib().llama_sampler_free(chains.pop())
+
+
+def logits_bytes_to_host(rows: int, n_vocab: int, in_graph: bool) -> int:
+    """Bytes of a decode's output that cross to the host for ``rows`` output rows.
+
+    The host path: llama.cpp copies every output row's logits (``rows x n_vocab`` float32),
+    however few of them the verify step then reads. In the graph: one int32 token id per row.
+    """
+    return rows * 4 if in_graph else rows * n_vocab * 4
