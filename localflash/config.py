@@ -141,6 +141,9 @@ def config_from(pair: str | None, target: str | None, drafter: str | None, **fla
                               f"{EXACT_MAX_ROWS - 1}, got {cfg.draft_max}")
     if cfg.sample_in_graph not in SAMPLE_IN_GRAPH:
         raise LocalflashError(f"unknown --sample-in-graph {cfg.sample_in_graph!r}", hint=f"use one of {', '.join(SAMPLE_IN_GRAPH)}")
+    if cfg.sample_in_graph == "on" and (cfg.tree or cfg.parallel > 1):
+        raise LocalflashError(f"--sample-in-graph on does not combine with {'--tree' if cfg.tree else 'parallel slots'}: "
+                              "their rows are sampled on the host", hint="use --sample-in-graph auto or off")
     if cfg.tree is not None and not 0 <= cfg.tree <= TREE_MAX:
         raise LocalflashError(f"--tree must be in 0..{TREE_MAX} drafted nodes, got {cfg.tree}")
     if cfg.exact and cfg.tree and cfg.tree + 1 > EXACT_MAX_ROWS:

@@ -230,17 +230,11 @@ def sample_in_graph(cfg: RunConfig, ctx, target) -> bool:
     and only token ids cross the bus (the host path copies every row: rows x vocabulary x 4 bytes).
     Not on a CPU: ggml's CPU sampling ops take every row of the pass (argmax, top-k, a full sort for
     top-p), where the host sampler reads only the rows up to the first rejection (docs/benchmarks.md).
-    ``on`` forces it (refused with a tree or slots, whose rows the host reads; an error where llama.cpp
-    cannot attach the chain), ``off`` keeps the host path.
+    ``on`` forces it (an error where llama.cpp cannot attach the chain; config_from refuses it with a
+    tree or slots, whose rows the host reads), ``off`` keeps the host path.
     """
     want = cfg.sample_in_graph
-    if want == "off":
-        return False
-    blocker = "--tree" if cfg.tree else "parallel slots" if cfg.parallel > 1 else None
-    if blocker:
-        if want == "on":
-            raise LocalflashError(f"--sample-in-graph on does not combine with {blocker}: their rows are sampled on the host",
-                                  hint="use --sample-in-graph auto or off")
+    if want == "off" or cfg.tree or cfg.parallel > 1:
         return False
     from localflash.llama import gpu_offload_supported
 

@@ -67,11 +67,15 @@ def book(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]
     return ids, _softmax(x / p.temperature)
 
 
-def pit_values(target: Model, sampling_params: SamplingParams, tiny_drafter, seed0: int):
-    """PIT values of every verified token under the book, consecutive pairs, and tokens outside its kept set."""
+def pit_values(target: Model, sampling_params: SamplingParams, tiny_drafter, seed0: int, in_graph: bool = False):
+    """PIT values of every verified token under the book, consecutive pairs, and tokens outside its kept set.
+
+    ``in_graph``: the target's rows sampled by llama.cpp's chain in the graph (speculative/graph_sampler.py).
+    """
     prompt = target.tokenize(PROMPT)
     ctx = Context(target, ContextOptions(n_ctx=256, n_outputs_max=5, n_threads=1))
-    engine = Engine(target, ctx, DraftModelDrafter(Model(tiny_drafter), target, 256, 4, n_threads=1), adaptive=False)
+    engine = Engine(target, ctx, DraftModelDrafter(Model(tiny_drafter), target, 256, 4, n_threads=1), adaptive=False,
+                    sample_in_graph=in_graph)
     exact = Context(target, ContextOptions(n_ctx=256, n_outputs_max=64, n_threads=1))
     rng = np.random.default_rng(seed0)
     singles, pairs, impossible = [], [], 0
@@ -102,9 +106,9 @@ def chi2(counts: np.ndarray) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 
 
-def failures(target, sampling_params, drafter, seed0=1000) -> list[str]:
+def failures(target, sampling_params, drafter, seed0=1000, in_graph=False) -> list[str]:
     """What the test objects to (empty: the tokens follow the book's distribution)."""
-    singles, pairs, impossible = pit_values(target, sampling_params, drafter, seed0)
+    singles, pairs, impossible = pit_values(target, sampling_params, drafter, seed0, in_graph)
     single = chi2(np.histogram(singles, bins=10, range=(0, 1))[0])
     joint = chi2(np.histogram2d(pairs[:, 0], pairs[:, 1], bins=4, range=((0, 1), (0, 1)))[0])
     out = []
@@ -141,6 +145,12 @@ def test_book_is_llama_cpp_order_on_a_small_row():
 @pytest.mark.parametrize("setting", [TOP_P_BINDS, MIN_P_BINDS], ids=["top-p-binds", "min-p-binds"])
 def test_speculative_sampling_matches_the_books_distribution(target, tiny_drafters, setting):
     assert failures(target, setting, tiny_drafters["near"]) == []
+
+
+@pytest.mark.parametrize("setting", [TOP_P_BINDS, MIN_P_BINDS], ids=["top-p-binds", "min-p-binds"])
+def test_speculative_sampling_in_the_graph_matches_the_books_distribution(target, tiny_drafters, setting):
+    """The same test with the target's rows sampled by llama.cpp's chain (top-k, top-p, min-p, temp, dist) in the graph."""
+    assert failures(target, setting, tiny_drafters["near"], in_graph=True) == []
 
 
 def test_accepting_every_draft_fails_the_distribution_test(target, tiny_drafters, monkeypatch):
