@@ -22,7 +22,8 @@ DFlash drafter (Q8_0), it measures and writes to JSON after every stage:
 
 Stage ``27b-mtp`` (run before ``27b``, on the same target file: the Qwen3.6-27B
 preset carries its MTP/nextn block) loads the hybrid target the way ``localflash
-run --spec mtp`` does (``open_engine``: the planner's plan, the MTP block loaded)
+run --spec mtp`` does (``open_engine``: the planner's plan, the MTP block loaded; on a GPU build the
+target's rows sampled in llama.cpp's graph, ``--sample-in-graph auto``)
 and measures plain decode tok/s (a second context on the same weights), MTP
 speculative decode tok/s at the default draft length, acceptance (random
 weights: the MTP block's drafts are almost never the trunk's token, so expect
@@ -424,7 +425,8 @@ def check_mtp(tag: str, tpath: Path, rep: Report, a) -> None:
         runs[name] = (toks, st)
         res[name] = {"tok_s": (st.generated - 1) / st.t_decode if st.t_decode else 0.0, "tokens": st.generated, "cycles": st.cycles,
                      "drafted": st.drafted, "accepted": st.accepted, "tau": st.tau,
-                     "acceptance": st.accepted / st.drafted if st.drafted else None}
+                     "acceptance": st.accepted / st.drafted if st.drafted else None,
+                     "sampled_in": st.sampled_in}  # graph: open_engine's --sample-in-graph auto on a GPU build
         rep.stage(tag, res)
     m = res["mtp"]
     res["speedup"] = m["tok_s"] / res["plain"]["tok_s"] if res["plain"]["tok_s"] else None
@@ -436,6 +438,7 @@ def check_mtp(tag: str, tpath: Path, rep: Report, a) -> None:
     eq = {"tokens": min(len(base), len(spec)), "equal": base == spec, "first_divergence": first}
     if first is not None:
         ctx = plain.ctx
+        ctx.sample_on_host()  # the margin needs the row's logits (a chain in the graph leaves only ids)
         ctx.clear()
         hist = prompt + base[:first]
         for off in range(0, len(hist), 512):

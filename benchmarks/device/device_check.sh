@@ -23,7 +23,7 @@
 #
 # Env: OUT (default out/device), BUDGET_S (540), HOST_S (100), CUDA_ARCH (default: from nvidia-smi), JOBS (nproc),
 #      TARGETS ("8b,27b-mtp,27b", in that order: cheapest proof first), HOST_VARIANTS (bench_host.py --variants,
-#      default "before,host,graph"), PYTHON (python3). scripts/cmake_flags.sh finds cuBLAS in the toolkit or in an
+#      default "host,graph,graph+target"), PYTHON (python3). scripts/cmake_flags.sh finds cuBLAS in the toolkit or in an
 #      installed nvidia-cublas wheel (the GPU image's python has one) and the driver under /usr/local/nvidia.
 set -euo pipefail
 
@@ -38,8 +38,11 @@ CARRY=$ROOT/out/device-carry
 CACHE=${LOCALFLASH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/localflash}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
-# bench_host.py's variants: before/host/graph (drafter rows read by NumPy or as ids from the graph)
-HOST_VARIANTS=${HOST_VARIANTS:-before,host,graph}
+# bench_host.py's variants: host (every row read on the host), graph (DFlash drafts as ids from llama.cpp's graph),
+# graph+target (the target's verify rows sampled in the graph too: what a GPU build does, only ids cross the bus);
+# three, as before graph+target came (its bytes of logits to host per cycle, per path, are in bench_host.txt/json);
+# bench_host's historical "before" variant is left to the CPU runs
+HOST_VARIANTS=${HOST_VARIANTS:-host,graph,graph+target}
 say() { echo "[device_check.sh $(date +%H:%M:%S) +$(($(date +%s) - START))s] $*" >&2; }
 
 if [[ ${1:-} == --pack ]]; then
