@@ -28,10 +28,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from localflash.errors import LocalflashError
+from localflash.speculative.sampling_flat import sample_flat
 
 WINDOW = 256  # tokens in the first candidate window (top-k: at least 4 k)
 STRIDE = 16  # the window's threshold comes from every STRIDE-th logit
 Z_SLACK = 1e-9  # relative: two float64 sums of n <= 4e6 non-negative terms differ by at most 2 n 2^-53 < 1e-9
+FLAT_FROM = 2048  # the Sampler takes a kept set (top-k off) that needs a longer window as a flat row (sampling_flat)
 
 
 @dataclass(frozen=True)
@@ -117,17 +119,22 @@ def _draw(vals: np.ndarray, temperature: float, u: float) -> int:
     return min(int(np.searchsorted(cum, u * cum[-1], side="right")), len(vals) - 1)
 
 
-def kept_set(logits: np.ndarray, p: SamplingParams, window: int = WINDOW) -> tuple[np.ndarray, np.ndarray, str]:
+def kept_set(logits: np.ndarray, p: SamplingParams, window: int = WINDOW,
+             most: int | None = None) -> tuple[np.ndarray | None, np.ndarray | None, str]:
     """Kept token ids (sorted) and their logits (float64), and how they were found.
 
     ``how`` is ``window`` (the first window sufficed), ``exact-z`` (top-p needed
     the exact normaliser), ``wider`` (a wider window) or ``full`` (the whole vocabulary).
+    With ``most``, a kept set (top-k off) that needs a window of more than ``most``
+    tokens is not sorted: (None, None, ``flat``), for :func:`sample_flat`.
     """
     n = logits.shape[0]
     k = p.top_k if 0 < p.top_k < n else 0
     if not k and p.top_p >= 1.0 and p.min_p > 0.0:  # min-p alone: an explicit threshold (a little low; _keep cuts)
         top = float(logits.max())
         cand = np.flatnonzero(logits >= top + math.log(p.min_p) - 1e-3)
+        if most and len(cand) > most:
+            return None, None, "flat"
         ids, vals, _ = _prefix(logits, cand, top, count=len(cand))
         m = _keep(vals, p)
         return ids[:m], vals[:m], "window"
@@ -152,6 +159,8 @@ def kept_set(logits: np.ndarray, p: SamplingParams, window: int = WINDOW) -> tup
             if z_exact is None:
                 tail = 0.0 if whole else (n - len(cand)) * math.exp(float(thr) - top)
                 got = _top_p_cut(logits, cand, top, p, s_window, s_window + tail, s_window)
+                if most and got == "short" and 8 * s_window < p.top_p * _sampled_normaliser(logits, top):
+                    return None, None, "flat"  # a window 8x as long holds at most 8x the mass: far short
                 if got in ("short", "open") and not whole:
                     z_exact = _normaliser(logits, top)
                     how = "exact-z"
@@ -167,6 +176,8 @@ def kept_set(logits: np.ndarray, p: SamplingParams, window: int = WINDOW) -> tup
             ids, vals, _ = _prefix(logits, cand, top, count=n)
             return ids, vals, "full"
         want *= 8
+        if most and not k and want > most:
+            return None, None, "flat"
         how = "wider" if want < n // 4 else "full"
 
 
@@ -193,6 +204,11 @@ def _threshold(logits: np.ndarray, want: int):
     sample = logits[::STRIDE]
     j = min(len(sample) - 1, want // STRIDE + 1)
     return np.partition(sample, len(sample) - 1 - j)[len(sample) - 1 - j]
+
+
+def _sampled_normaliser(logits: np.ndarray, top: float) -> float:
+    """An estimate of sum(exp(logits - top)) from every STRIDE-th logit."""
+    return STRIDE * float(np.exp(logits[::STRIDE].astype(np.float64) - top).sum())
 
 
 _buffers: dict[int, np.ndarray] = {}
@@ -243,7 +259,8 @@ def sample_unfiltered(logits: np.ndarray, temperature: float, u: float, window: 
 
     Inverse CDF in sorted order over a window of about ``window`` tokens when the
     tokens below it (each weighing < exp((threshold - top)/T)) cannot move ``u``'s
-    token for any normaliser they allow (widened by ``Z_SLACK``); else the book's way, over the whole vocabulary.
+    token for any normaliser they allow (widened by ``Z_SLACK``); else as a flat row
+    (:func:`sample_flat`: ``flat``), or, where that is left open, the book's way over the whole vocabulary.
     """
     n = logits.shape[0]
     thr = _threshold(logits, window)
@@ -256,6 +273,9 @@ def sample_unfiltered(logits: np.ndarray, temperature: float, u: float, window: 
         lo = int(np.searchsorted(cum, u * z_lo * (1 - Z_SLACK), side="right"))
         if lo == int(np.searchsorted(cum, u * z_hi * (1 + Z_SLACK), side="right")) and lo < len(ids):
             return int(ids[lo]), "window"
+    tok, _ = sample_flat(logits, 1.0, 0.0, temperature, u)
+    if tok is not None:
+        return tok, "flat"
     ids, vals = _sorted(logits, np.arange(n))
     return int(ids[_draw(vals, temperature, u)]), "full"
 
@@ -280,17 +300,34 @@ class Sampler:
     def __init__(self, params: SamplingParams | None = None):
         self.params = params or SamplingParams()
         self.rng = np.random.default_rng(self.params.seed)
-        self.paths: dict[str, int] = {}  # how each sampled row's kept set was found (kept_set's ``how``)
+        # how each sampled row's token was found: kept_set's ``how``, ``flat`` (sample_flat), ``flat-open``
+        # (a flat row whose decision fell within rounding of a boundary: the book's sort)
+        self.paths: dict[str, int] = {}
+        self._flat = False  # the last row went to sample_flat and was flat
 
     def __call__(self, logits: np.ndarray) -> int:
         if self.params.greedy:
             return int(np.argmax(logits))
         p = self.params
         u = self.rng.random()  # one draw per sampled position, always
-        if not (0 < p.top_k < logits.shape[0]) and p.top_p >= 1.0 and p.min_p <= 0.0:
+        top_k_off = not (0 < p.top_k < logits.shape[0])
+        if top_k_off and self._flat:  # the last row was flat: so, likely, is this one; no window first
+            tok, how = self._flat_row(logits, u)
+        elif top_k_off and p.top_p >= 1.0 and p.min_p <= 0.0:
             tok, how = sample_unfiltered(logits, p.temperature, u)
+            self._flat = how == "flat"
         else:
-            ids, vals, how = kept_set(logits, p)
-            tok = int(ids[_draw(vals, p.temperature, u)])
+            ids, vals, how = kept_set(logits, p, most=FLAT_FROM)
+            if ids is None:
+                tok, how = self._flat_row(logits, u)
+            else:
+                tok = int(ids[_draw(vals, p.temperature, u)])
         self.paths[how] = self.paths.get(how, 0) + 1
         return tok
+
+    def _flat_row(self, logits: np.ndarray, u: float) -> tuple[int, str]:
+        p = self.params
+        tok, self._flat = sample_flat(logits, p.top_p, p.min_p, p.temperature, u)
+        if tok is None:
+            return reference_sample(logits, p, u), "flat-open"
+        return tok, "flat"
