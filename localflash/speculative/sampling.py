@@ -17,7 +17,10 @@ the same for every normaliser ``Z`` the tokens below the threshold allow (each
 of them weighs less than ``exp(threshold - top)``), else the same under the
 exact ``Z`` (one exp pass); the ``min_p`` threshold is explicit. When the check
 fails the window grows eightfold, up to the whole vocabulary. So the result is
-exactly :func:`reference_distribution`'s, only cheaper.
+exactly :func:`reference_distribution`'s, only cheaper. The :class:`Sampler`
+does not sort a kept set (top-k off) that needs more than ``FLAT_FROM`` tokens:
+:mod:`~localflash.speculative.sampling_flat` draws the same token from such a
+flat row without a sort.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ class _Buffers(threading.local):
     """Per-thread scratch reused across calls (fresh 1-2 MB arrays cost page faults)."""
 
     def __init__(self):
-        self.chunk = (np.empty(CHUNK), np.empty(CHUNK), np.empty(CHUNK, np.float32), np.empty(CHUNK, np.intp))
+        self.chunk = (np.empty(CHUNK), np.empty(CHUNK), np.empty(CHUNK, np.intp))
         self.bins: dict[int, np.ndarray] = {}
 
     def bins_for(self, n: int) -> np.ndarray:
@@ -99,22 +99,20 @@ class _Row:
         self.x = x = logits
         n = x.shape[0]
         self.top, self.slack = top, slack(n)
-        # bin = floor((top - x) * scale): monotone in x, so each bin is a range of logits, bin 0 the top's; with
-        # BINS - 2 over the range, float32 rounding (3 x 2^-24 relative at most) keeps every bin below BINS - 1
-        self.scale = scale = np.float32(0.0 if top == low else (BINS - 2) / (top - low))
+        # bin = trunc((x - top) * -scale) in float64: monotone in x, so each bin is a range of logits, bin 0 the
+        # top's; with BINS - 2 over the range, rounding (2u relative) keeps every bin below BINS - 1
+        self.scale = scale = 0.0 if top == low else (BINS - 2) / (top - low)
         self.bins = _buffers.bins_for(n)
-        d_buf, w_buf, s_buf, b_buf = _buffers.chunk
+        d_buf, w_buf, b_buf = _buffers.chunk
         mass_w, mass_v = np.zeros(BINS), np.zeros(BINS) if temperature != 1.0 else None
         self.min_p_count = 0  # the book's min-p count: tokens with w >= min_p
         for at in range(0, n, CHUNK):
             xc = x[at : at + CHUNK]
             m = len(xc)
-            d, w, s, b = d_buf[:m], w_buf[:m], s_buf[:m], b_buf[:m]
+            d, w, b = d_buf[:m], w_buf[:m], b_buf[:m]
             np.subtract(xc, top, out=d, dtype=np.float64)  # the book's differences (exact in float64)
             np.exp(d, out=w)
-            np.subtract(np.float32(top), xc, out=s)
-            np.multiply(s, scale, out=s)
-            np.copyto(b, s, casting="unsafe")  # truncation = floor (non-negative)
+            np.multiply(d, -scale, out=b, casting="unsafe")  # the cast truncates: floor, as the product is >= 0
             self.bins[at : at + m] = b
             np.add.at(mass_w, b, w)  # a little faster than a weighted bincount
             if min_p > 0.0:
@@ -127,9 +125,8 @@ class _Row:
         self.cum_v = self.cum_w if mass_v is None else np.cumsum(mass_v, out=mass_v)
 
     def bin_of(self, value: float) -> int:
-        """The bin of a logit, by the same float32 steps as the row's."""
-        b = (np.float32(self.top) - np.float32(value)) * self.scale
-        return int(min(max(b, np.float32(0.0)), np.float32(BINS - 1)))
+        """The bin of a logit (the row's float64 steps; clipped to the bins)."""
+        return int(min(max((value - self.top) * -self.scale, 0.0), BINS - 1))
 
     def band(self, k1: int, k2: int) -> tuple[np.ndarray, np.ndarray]:
         """Every token in bins ``k1..k2`` in the book's order (descending logit, ties by id), and its logit."""
