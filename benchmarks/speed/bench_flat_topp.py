@@ -106,42 +106,39 @@ def main(argv=None) -> int:
             best[name] = max(best[name], tok_s(sp))
     load1 = os.getloadavg()
 
-    class Timed(Sampler):  # the Sampler the loop builds, timed call by call, its rows kept for the book
-        last: Timed | None = None
+    untimed, seen = Sampler.__call__, []
 
-        def __init__(self, sampling=None):
-            super().__init__(sampling)
-            self.times, self.rows = [], []
-            Timed.last = self
-
-        def __call__(self, logits):
-            t = time.thread_time()
-            tok = super().__call__(logits)
-            self.times.append(time.thread_time() - t)
-            if len(self.rows) < a.kept_rows:
-                self.rows.append(logits.copy())
-            return tok
+    def timed(self, logits):  # every Sampler call in the loop, timed; the request's first rows kept for the book
+        if not seen or seen[-1][0] is not self:
+            seen.append((self, [], []))
+        t = time.thread_time()
+        tok = untimed(self, logits)
+        times, rows = seen[-1][1], seen[-1][2]
+        times.append(time.thread_time() - t)
+        if len(rows) < a.kept_rows:
+            rows.append(logits.copy())
+        return tok
 
     report = {"model": path.name, "vocab": model.n_vocab, "tokens": a.tokens, "rounds": a.rounds, "threads": a.threads,
               "norm_scale": a.norm_scale, "loadavg_before": list(load0), "loadavg_after": list(load1), "settings": {}}
     print(f"{'setting':8s} {'tok/s':>8s} {'x greedy':>9s} {'µs/row med':>11s} {'p90':>7s} {'kept share':>11s}  paths")
-    loop.Sampler = Timed
+    Sampler.__call__ = timed
     try:
         for name, sp in params.items():
             row = {"tok_s": best[name], "ratio": best[name] / best["greedy"]}
             if not sp.greedy:
                 tok_s(sp)
-                s = Timed.last
-                us = sorted(t * 1e6 for t in s.times[1:])  # [0]: the prefill row
-                shares = [len(reference_distribution(r, sp)[0]) / len(r) for r in s.rows]
-                row.update(us_median=statistics.median(us), us_p90=us[int(0.9 * (len(us) - 1))], paths=dict(s.paths),
+                sampler, times, rows = seen[-1]
+                us = sorted(t * 1e6 for t in times[1:])  # [0]: the prefill row
+                shares = [len(reference_distribution(r, sp)[0]) / len(r) for r in rows]
+                row.update(us_median=statistics.median(us), us_p90=us[int(0.9 * (len(us) - 1))], paths=dict(sampler.paths),
                            kept_share_median=statistics.median(shares), kept_share_min=min(shares))
             report["settings"][name] = row
             extra = (f"{row['us_median']:11.0f} {row['us_p90']:7.0f} {row['kept_share_median']:11.2f}  {row['paths']}"
                      if "paths" in row else f"{'':11s} {'':7s} {'':11s}")
             print(f"{name:8s} {row['tok_s']:8.1f} {row['ratio']:9.2f} {extra}", flush=True)
     finally:
-        loop.Sampler = Sampler
+        Sampler.__call__ = untimed
     print(f"load average {load0[0]:.2f} before, {load1[0]:.2f} after the timed rounds")
     engine.close()
     if a.json:
