@@ -131,6 +131,23 @@ _EXT_SIGNATURES = {
 
 
 @functools.cache
+def ext_address(name: str):
+    """``name`` of llama-ext.h bound again with an integer (``c_void_p``) result: a buffer's address
+    without a ctypes pointer object (for the per-cycle getters, read many times a cycle)."""
+    itanium, msvc, argtypes, _ = _EXT_SIGNATURES[name]
+    cdll = lib().llama_cpp._lib
+    for symbol in (name, itanium, msvc):
+        try:
+            fn = cdll[symbol]  # a new function object: ext()'s binding keeps its own result type
+        except AttributeError:
+            continue
+        fn.argtypes, fn.restype = argtypes, ctypes.c_void_p
+        return fn
+    ext()  # raises the one clear message about the missing symbols
+    raise LocalflashError(f"libllama lacks {name}")
+
+
+@functools.cache
 def ext() -> SimpleNamespace:
     """The staging functions of ``llama-ext.h``, bound by their mangled names."""
     cdll = lib().llama_cpp._lib

@@ -121,6 +121,14 @@ class InGraphSampling:
                                   hint="the backend could not run the whole sampler chain: load with --sample-in-graph off")
         return tok
 
+    def sampled_rows(self, lo: int, hi: int) -> list[int]:
+        """:meth:`sampled` of output rows ``lo..hi-1`` (one binding for all: a DFlash block's drafts)."""
+        get, ptr = lib().llama_get_sampled_token_ith, self.ptr
+        toks = [get(ptr, i) for i in range(lo, hi)]
+        if LLAMA_TOKEN_NULL in toks:
+            return [self.sampled(i) for i in range(lo, hi)]  # raises the clear error
+        return toks
+
     def accept_sampled(self, tokens) -> None:
         """Commit ``tokens`` to the chain: its generator advances one draw per token (see the module docstring)."""
         if self._chains and self._graph_key != ("greedy",):

@@ -17,8 +17,8 @@ import numpy as np
 
 from localflash.errors import LocalflashError
 from localflash.llama.batch import Batch  # noqa: F401  (re-exported)
-from localflash.llama.bindings import ext, lib, recent_log
-from localflash.llama.views import float_view
+from localflash.llama.bindings import ext, ext_address, lib, recent_log
+from localflash.llama.views import address_view, float_view
 from localflash.llama.rpc import device_array, local_gpus
 from localflash.llama.graph_sampling import InGraphSampling
 from localflash.llama.rollback import RecurrentCache, StateCheckpoint  # noqa: F401  (StateCheckpoint: re-exported)
@@ -418,10 +418,18 @@ class Context(RecurrentCache, InGraphSampling):
 
     def layer_input(self, lid: int, n_rows: int) -> np.ndarray:
         """The input of layer ``lid`` for every token of the last decode: ``[n_rows, n_embd]`` view."""
-        ptr = ext().llama_get_embeddings_layer_inp(self.ptr, lid)
-        if not ptr:
-            raise LocalflashError(f"layer {lid} inputs were not captured", hint="call capture_layer_inputs first")
-        return float_view(ptr, (n_rows, self.model.n_embd))
+        return self.layer_inputs((lid,), n_rows)[0]
+
+    def layer_inputs(self, layer_ids, n_rows: int) -> list[np.ndarray]:
+        """:meth:`layer_input` of each of ``layer_ids`` (one binding, cached views: read every cycle)."""
+        get, shape = ext_address("llama_get_embeddings_layer_inp"), (n_rows, self.model.n_embd)
+        out = []
+        for lid in layer_ids:
+            address = get(self.ptr, lid)
+            if not address:
+                raise LocalflashError(f"layer {lid} inputs were not captured", hint="call capture_layer_inputs first")
+            out.append(address_view(address, shape))
+        return out
 
     # -- nextn outputs (DFlash2 selector lattice, EAGLE-3 hidden states) ---
     def output_nextn(self, masked: bool) -> None:

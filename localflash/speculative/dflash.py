@@ -122,7 +122,7 @@ class DFlashDrafter(Drafter):
         if start_pos != self.n_injected or start_pos + n_committed > self.ctx_limit:
             return  # past the drafter's context (or after a gap): no features, so no drafts from here
         rows = target_ctx.n_last  # each tapped layer's rows go straight into the drafter's batch, side by side
-        self.ctx.decode_embd([target_ctx.layer_input(lid, rows) for lid in self.layer_ids], start_pos, n_committed)
+        self.ctx.decode_embd(target_ctx.layer_inputs(self.layer_ids, rows), start_pos, n_committed)
         self.n_injected = start_pos + n_committed
 
     def propose(self, history: list[int], n_past: int, k: int) -> list[int]:
@@ -137,7 +137,7 @@ class DFlashDrafter(Drafter):
         else:
             self.ctx.decode(block, n_past, "all")
             if self.in_graph:
-                drafts = [self.ctx.sampled(i) for i in range(1, k + 1)]
+                drafts = self.ctx.sampled_rows(1, k + 1)
             else:
                 drafts = self.ctx.all_logits()[1 : k + 1].argmax(axis=1).tolist()
         self.ctx.seq_rm(n_past)
