@@ -220,10 +220,10 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
                 ref = refs[name, "graph" if variant == TARGET_IN_GRAPH else "host"]
                 if variant == "before":
                     use_before()
-                synth.set_reference(prompt + ref)
                 synth.off_track = 0
                 runs = []
                 for rep in range(a.repeat):
+                    synth.set_reference(prompt + ref)  # every run draws the same acceptances: the same τ, rows and cycles
                     eng.reset()
                     st = Stats()
                     gen = eng.generate(prompt, a.tokens, sp, st)
@@ -244,6 +244,7 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
                         pstats.Stats(prof).sort_stats("tottime").print_stats(a.profile_top)
                     runs.append(dict(cycles=st.cycles, tau=st.tau, host_cpu=cpu - inside_cpu, host_wall=wall - inside,
                                      verify=tt.seconds - t0, draft=dt.seconds - d0, same=toks == ref, hist=list(st.accept_hist)))
+                synth.set_reference(prompt + ref)
                 calls = count_calls(eng, prompt, a.tokens, sp) if a.count_calls else None
                 graph_sampler.Sampler, loop.verify_block = real
                 best = min(runs, key=lambda r: r["host_cpu"])  # interference only ever adds
