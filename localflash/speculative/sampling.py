@@ -307,6 +307,7 @@ class Sampler:
         # (a flat row whose decision fell within rounding of a boundary: the book's sort)
         self.paths: dict[str, int] = {}
         self._flat = False  # the last row went to sample_flat and was flat
+        self._mask: np.ndarray | None = None  # a reused compare buffer (a fresh 250 KB one costs page faults)
 
     def __call__(self, logits: np.ndarray) -> int:
         if self.params.greedy:
@@ -314,6 +315,11 @@ class Sampler:
         p = self.params
         u = self.rng.random()  # one draw per sampled position, always
         top_k_off = not (0 < p.top_k < logits.shape[0])
+        if not self._flat and (p.min_p > 0.0 or p.top_p < 1.0):
+            tok = self._lone(logits)
+            if tok is not None:
+                self.paths["lone"] = self.paths.get("lone", 0) + 1
+                return tok
         if top_k_off and self._flat:  # the last row was flat: so, likely, is this one; no window first
             tok, how = self._flat_row(logits, u)
         elif top_k_off and p.top_p >= 1.0 and p.min_p <= 0.0:
@@ -327,6 +333,37 @@ class Sampler:
                 tok = int(ids[_draw(vals, p.temperature, u)])
         self.paths[how] = self.paths.get(how, 0) + 1
         return tok
+
+    def _lone(self, logits: np.ndarray) -> int | None:
+        """The top token when the filters provably keep it alone (a peaked row), else None.
+
+        Min-p keeps it alone when no other logit comes within ``log(min_p)`` of the top (checked
+        with 1e-3 to spare: the book compares float64 weights); top-p when the top token alone
+        already weighs ``top_p`` of every normaliser the row allows: the tokens at or above
+        ``top + log(delta)`` summed exactly, each one below weighing less than ``delta``. A lone
+        token is drawn whatever the uniform (which the caller has drawn), so the draw is the book's.
+        Ties at the top never pass either test (the tied token has weight 1).
+        """
+        n = logits.shape[0]
+        mask = self._mask
+        if mask is None or mask.shape[0] != n:
+            mask = self._mask = np.empty(n, np.bool_)
+        i = int(np.argmax(logits))
+        top = float(logits[i])
+        p = self.params
+        if p.min_p > 0.0:
+            np.greater_equal(logits, top + math.log(p.min_p) - 1e-3, out=mask)
+            if np.count_nonzero(mask) == 1:
+                return i
+        if p.top_p < 1.0:
+            delta = (1.0 / p.top_p - 1.0) / (2.0 * n)  # the tokens below add at most half the room
+            np.greater_equal(logits, top + math.log(delta), out=mask)
+            cand = np.flatnonzero(mask)
+            if 1 <= len(cand) <= WINDOW:  # the top itself among them (not a NaN row)
+                z_hi = float(np.exp(logits[cand].astype(np.float64) - top).sum()) + (n - len(cand)) * delta
+                if p.top_p * z_hi * (1.0 + Z_SLACK) < 1.0:  # cum[0] = 1 >= top_p * Z for every Z the row allows
+                    return i
+        return None
 
     def _flat_row(self, logits: np.ndarray, u: float) -> tuple[int, str]:
         p = self.params

@@ -187,3 +187,27 @@ def test_top_k_off_speculative_sampling_equals_plain_with_same_seed(tiny_target,
         toks = target.tokenize(text)
         sp = SamplingParams(temperature=1.0, top_k=0, top_p=top_p, seed=seed)
         assert run(True, toks, sp) == run(False, toks, sp)
+
+
+@pytest.mark.parametrize("top_k,top_p,min_p", [(40, 0.95, 0.05), (0, 0.95, 0.0), (0, 1.0, 0.05), (40, 0.9, 0.0)])
+def test_a_peaked_rows_lone_token_is_the_books_and_a_tie_at_the_top_is_never_lone(top_k, top_p, min_p):
+    """The lone-token shortcut (one argmax and a compare pass) takes only rows whose filters keep the top
+    token alone, returns the book's token there, and leaves every other row to the kept-set path."""
+    rng = np.random.default_rng(5)
+    lone = other = 0
+    for trial in range(60):
+        n = int(rng.choice([1000, QWEN36_VOCAB]))
+        row = rng.normal(size=n).astype(np.float32) * 2
+        row[int(rng.integers(n))] += float(rng.uniform(0, 25))  # from barely ahead to far ahead
+        tied = trial % 5 == 0
+        if tied:
+            j = int(np.argmax(row))
+            row[(j + 7) % n] = row[j]
+        p = SamplingParams(0.8, top_k, top_p, min_p, seed=trial)
+        s = Sampler(p)
+        u = np.random.default_rng(trial).random()  # the Sampler's own first draw
+        assert s(row) == reference_sample(row, p, u)
+        assert not (tied and "lone" in s.paths)
+        lone += "lone" in s.paths
+        other += "lone" not in s.paths
+    assert lone >= 10 and other >= 10  # both kinds of row were met, so the test can fail either way
