@@ -94,6 +94,10 @@ class SeqView(RecurrentCache):
             raise LocalflashError(f"layer {lid} inputs were not captured", hint="call capture_layer_inputs first")
         return float_view(ptr, (self._row0 + n_rows, self.model.n_embd))[self._row0 :]
 
+    def layer_inputs(self, layer_ids, n_rows: int) -> list[np.ndarray]:
+        """:meth:`layer_input` of each of ``layer_ids`` (what a DFlash drafter injects per cycle)."""
+        return [self.layer_input(lid, n_rows) for lid in layer_ids]
+
     def nextn_rows(self, n_rows: int) -> np.ndarray:
         """Unmasked nextn hidden states of this view's rows of the last decode."""
         ptr = ext().llama_get_embeddings_nextn(self.ptr)

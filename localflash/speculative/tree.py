@@ -245,6 +245,9 @@ class PathRows:
     def layer_input(self, lid: int, n_rows: int) -> np.ndarray:
         return self.ctx.layer_input(lid, self.ctx.n_last)[self.rows[:n_rows]]
 
+    def layer_inputs(self, layer_ids, n_rows: int) -> list[np.ndarray]:
+        return [self.layer_input(lid, n_rows) for lid in layer_ids]
+
     def last_tokens(self) -> np.ndarray:
         return self.ctx.last_tokens()[self.rows]
 
