@@ -116,6 +116,25 @@ class Report:
         log(f"skipped: {what}")
 
 
+def greedy_equality(ctx, prompt: list[int], base: list[int], spec: list[int], on_host: bool = False) -> dict:
+    """Plain vs speculative greedy tokens: equal?, the first divergence, and there the plain row's top-2 logit margin
+    (``ctx`` is cleared and the prompt plus the common prefix decoded again to read that row; ``on_host``: detach
+    an in-graph sampler chain first, which leaves only ids)."""
+    first = next((i for i, (x, y) in enumerate(zip(base, spec)) if x != y), None)
+    eq = {"tokens": min(len(base), len(spec)), "equal": base == spec, "first_divergence": first}
+    if first is not None:
+        if on_host:
+            ctx.sample_on_host()
+        ctx.clear()
+        hist = prompt + base[:first]
+        for off in range(0, len(hist), 512):
+            ch = hist[off : off + 512]
+            ctx.decode(ch, off, "last" if off + len(ch) == len(hist) else "none")
+        top = np.sort(ctx.logits(-1))[-2:]
+        eq["top2_margin_at_divergence"] = float(top[1] - top[0])
+    return eq
+
+
 def log(msg: str) -> None:
     print(f"[device_check {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -322,17 +341,7 @@ def check_target(tag: str, tpath: Path, dpath: Path, rep: Report, a) -> None:
         ctx.capture_layer_inputs(drafter.layer_ids)
         spec = [tok for c in eng.generate(prompt, a.eq_tokens) for tok in c]
         eng.reset()
-        first = next((i for i, (x, y) in enumerate(zip(base, spec)) if x != y), None)
-        eq = {"tokens": min(len(base), len(spec)), "equal": base == spec, "first_divergence": first}
-        if first is not None:
-            ctx.clear()
-            hist = prompt + base[:first]
-            for off in range(0, len(hist), 512):
-                ch = hist[off : off + 512]
-                ctx.decode(ch, off, "last" if off + len(ch) == len(hist) else "none")
-            top = np.sort(ctx.logits(-1))[-2:]
-            eq["top2_margin_at_divergence"] = float(top[1] - top[0])
-        res["greedy_equality"] = eq
+        eq = res["greedy_equality"] = greedy_equality(ctx, prompt, base, spec)
         log(f"{tag}: greedy plain vs DFlash: {eq}")
         rep.stage(tag, res)
     else:
@@ -434,20 +443,9 @@ def check_mtp(tag: str, tpath: Path, rep: Report, a) -> None:
     log(f"{tag}: plain {res['plain']['tok_s']:.1f} tok/s, MTP {m['tok_s']:.1f} tok/s ({res['speedup']:.2f}x), "
         f"accepted {m['accepted']}/{m['drafted']} drafts (tau {m['tau']:.2f}; random weights: ~0 expected)")
     base, spec = runs["plain"][0], runs["mtp"][0]
-    first = next((i for i, (x, y) in enumerate(zip(base, spec)) if x != y), None)
-    eq = {"tokens": min(len(base), len(spec)), "equal": base == spec, "first_divergence": first}
-    if first is not None:
-        ctx = plain.ctx
-        ctx.sample_on_host()  # the margin needs the row's logits (a chain in the graph leaves only ids)
-        ctx.clear()
-        hist = prompt + base[:first]
-        for off in range(0, len(hist), 512):
-            ch = hist[off : off + 512]
-            ctx.decode(ch, off, "last" if off + len(ch) == len(hist) else "none")
-        top = np.sort(ctx.logits(-1))[-2:]
-        eq["top2_margin_at_divergence"] = float(top[1] - top[0])
+    eq = res["greedy_equality"] = greedy_equality(plain.ctx, prompt, base, spec, on_host=True)
+    if eq["first_divergence"] is not None:
         plain.reset()
-    res["greedy_equality"] = eq
     log(f"{tag}: greedy plain vs MTP: {eq}")
     rep.stage(tag, res)
     plain.close()
