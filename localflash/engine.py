@@ -16,6 +16,8 @@ TREE_ON_RECURRENT = ("--tree is not available on {arch} targets: each branch wou
                      "rollback snapshots (Qwen3.6-27B: 150 MiB a state, 40 GiB for 16 branches 16 deep), and llama.cpp "
                      "splits branching sequences on recurrent memory into several passes")
 
+BLOCK_ROOM = 16  # DFlash: positions on top of the drafter's context for the noise block of a draft
+
 # weight types ggml's CPU backend multiplies by 2+ rows with llamafile's sgemm and by one row with vec_dot
 SGEMM_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL"}
 
@@ -200,14 +202,13 @@ def open_engine(cfg: RunConfig, target=None):
     )
     in_graph = sample_in_graph(cfg, ctx, target)
     drafter_ctx = min(plan.drafter_n_ctx or plan.n_ctx, ctx.n_ctx_seq)  # no drafter file (MTP, n-gram): the target's
-    if n_seq > 1:  # parallel slots: a drafter instance per slot, sharing the drafter's weights
+    if n_seq > 1:  # parallel slots: a drafter per slot, driven a step at a time by one group (speculative/group.py)
         from localflash.speculative.slots import SlotPool
 
-        drafters = [make_drafter(spec, target, ctx, drafter_model if i == 0 or drafter_model is None else SharedModel(drafter_model),
-                                 n_ctx=drafter_ctx, max_draft=max_draft, threads=cfg.threads, p_min=cfg.p_min, kv=plan.type_k)
-                    for i in range(n_seq)]
-        pool = SlotPool(target, ctx, [d or _no_drafter() for d in drafters], adaptive=cfg.adaptive, draft_max=max_draft,
-                        max_rows=EXACT_MAX_ROWS if cfg.exact else None, n_ubatch=plan.n_ubatch)
+        group = make_slot_drafters(spec, target, ctx, drafter_model, n_seq, n_ctx=drafter_ctx, max_draft=max_draft,
+                                   threads=cfg.threads, p_min=cfg.p_min, kv=plan.type_k)
+        pool = SlotPool(target, ctx, group.drafters, adaptive=cfg.adaptive, draft_max=max_draft,
+                        max_rows=EXACT_MAX_ROWS if cfg.exact else None, n_ubatch=plan.n_ubatch, group=group)
         pool.plan = plan
         return pool
     drafter = make_drafter(spec, target, ctx, drafter_model, n_ctx=drafter_ctx, max_draft=max_draft, threads=cfg.threads,
@@ -267,6 +268,31 @@ def _no_drafter():
     return Drafter()
 
 
+def make_slot_drafters(kind: str, target, ctx, drafter_model, n_seq: int, *, n_ctx: int, max_draft: int, threads: int = 0,
+                       p_min: float = 0.0, kv: str = "f16"):
+    """The drafters of ``n_seq`` parallel slots on the target context ``ctx``, in the group that drives them a step at a time.
+
+    DFlash (and DFlash + lookup): every slot's drafter on its sequence of one shared drafter context of
+    ``n_seq`` x (``n_ctx`` + the block's room) positions (``DFlashGroup``: one intake decode and one draft
+    decode per step); other kinds: :func:`make_drafter`'s drafter per slot, model drafters sharing the
+    loaded weights (slot 0's drafter owns them), looped over by the default group.
+    """
+    from localflash.speculative.group import DrafterGroup, LookupFirstGroup
+
+    if base_kind(kind) == "dflash":
+        from localflash.speculative.dflash import DFlashGroup
+        from localflash.speculative.drafter import LookupFirstDrafter
+
+        group = DFlashGroup(drafter_model, target, ctx, n_ctx + BLOCK_ROOM, n_seq, n_threads=threads, p_min=p_min)
+        if kind.endswith(LOOKUP):
+            group = LookupFirstGroup([LookupFirstDrafter(d) for d in group.drafters], group)
+        return group
+    drafters = [make_drafter(kind, target, ctx, drafter_model if i == 0 or drafter_model is None else SharedModel(drafter_model),
+                             n_ctx=n_ctx, max_draft=max_draft, threads=threads, p_min=p_min, kv=kv)
+                for i in range(n_seq)]
+    return DrafterGroup([d or _no_drafter() for d in drafters])
+
+
 def default_draft_max(kind: str) -> int:
     """The longest draft of a kind unless --draft-max says otherwise (``synthetic@ALPHA``: the synthetic one)."""
     base = base_kind(kind)
@@ -293,7 +319,7 @@ def make_drafter(kind: str, target, ctx, drafter_model=None, *, n_ctx: int, max_
     if base == "dflash":
         from localflash.speculative.dflash import DFlashDrafter
 
-        drafter = DFlashDrafter(drafter_model, target, ctx, n_ctx + 16, n_threads=threads, p_min=p_min, in_graph_argmax=in_graph_argmax)
+        drafter = DFlashDrafter(drafter_model, target, ctx, n_ctx + BLOCK_ROOM, n_threads=threads, p_min=p_min, in_graph_argmax=in_graph_argmax)
     elif base == "eagle3":
         from localflash.speculative.eagle3 import Eagle3Drafter
 

@@ -286,6 +286,7 @@ class Context(RecurrentCache, InGraphSampling):
         self._n_out = 0
         self._last_row = -1
         self.n_last = 0  # tokens in the last token decode (rows of layer inputs)
+        self.n_decodes = 0  # llama_decode calls so far (what batching across sequences saves is counted by it)
         self._init_rollback(getattr(o, "mtp", False), p.n_ubatch)
 
     # -- decoding -----------------------------------------------------------
@@ -354,27 +355,46 @@ class Context(RecurrentCache, InGraphSampling):
         (written straight into the batch: no joined copy)."""
         parts = [parts] if isinstance(parts, np.ndarray) else list(parts)
         n = parts[0].shape[0] if n is None else n
-        width = sum(p.shape[1] for p in parts)
+        self.decode_embd_rows([(parts, start_pos, n, self.seq)])
+        last = (n - 1) // self.n_batch * self.n_batch  # the last decode's first row
+        self._decoded(start_pos + last, n - last)
+
+    def decode_embd_rows(self, items) -> None:
+        """Float input rows of several sequences, no outputs: ``items`` of ``(parts, start_pos, n, seq)``, each as
+        :meth:`decode_embd`'s, laid one after the other in one decode per ``n_batch`` rows (a slot pool's
+        every slot's features in one decode). No rollback bookkeeping: the caller (a view per sequence) keeps it."""
+        items = [it for it in items if it[2] > 0]
+        if not items:
+            return
+        width = sum(p.shape[1] for p in items[0][0])
         if self._embd_batch is None or self._embd_batch.width != width:
             if self._embd_batch is not None:
                 self._embd_batch.close()
-            self._embd_batch = Batch(self.n_batch, width)
+            self._embd_batch = Batch(self.n_batch, width, n_seq_max=self.n_seq_max)
         b = self._embd_batch
-        for off in range(0, n, self.n_batch):
-            m = min(self.n_batch, n - off)
-            col = 0
-            for p in parts:
-                w = p.shape[1]
-                b.embd[:m, col : col + w] = p[off : off + m]
-                col += w
-            b.set_positions(start_pos + off, m)
-            b.logits[:m] = 0
-            b.raw.n_tokens = m
-            self._run(b.raw, m)
-            self._decoded(start_pos + off, m)
+        row, seqs = 0, []
+        for j, (parts, start_pos, n, seq) in enumerate(items):
+            off = 0
+            while off < n:
+                m = min(n - off, self.n_batch - row)
+                col = 0
+                for p in parts:
+                    w = p.shape[1]
+                    b.embd[row : row + m, col : col + w] = p[off : off + m]
+                    col += w
+                np.add(b._steps[:m], start_pos + off, out=b.pos[row : row + m])
+                seqs += [seq] * m
+                row, off = row + m, off + m
+                if row == self.n_batch or (off == n and j == len(items) - 1):
+                    b.set_seqs(seqs)
+                    b.logits[:row] = 0
+                    b.raw.n_tokens = row
+                    self._run(b.raw, row)
+                    row, seqs = 0, []
         self._n_out = 0
 
     def _run(self, raw, n: int) -> None:
+        self.n_decodes += 1
         rc = lib().llama_decode(self.ptr, raw)
         if rc != 0:
             if rc == 1:

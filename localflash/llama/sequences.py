@@ -67,6 +67,11 @@ class SeqView(RecurrentCache):
         self.took(0, 0, n, n_out)
         return n_out
 
+    def decode_embd(self, parts, start_pos: int, n: int | None = None) -> None:
+        """Float input rows of this sequence alone (a drafter's features), as ``Context.decode_embd``."""
+        parts = [parts] if isinstance(parts, np.ndarray) else list(parts)
+        decode_embd_views(self.base, [(self, parts, start_pos, parts[0].shape[0] if n is None else n)])
+
     def took(self, row0: int, out0: int, n: int, n_out: int) -> None:
         """The last target decode gave this sequence rows ``row0..row0+n-1``, outputs ``out0..``."""
         self._row0, self._out0, self.n_last, self._n_out = row0, out0, n, n_out
@@ -74,6 +79,10 @@ class SeqView(RecurrentCache):
 
     def last_tokens(self) -> np.ndarray:
         return self.base._batch.token[self._row0 : self._row0 + self.n_last]
+
+    def sampled_rows(self, lo: int, hi: int) -> list[int]:
+        """The ids the base context's in-graph chain drew for this view's rows ``lo..hi-1`` of the last decode."""
+        return self.base.sampled_rows(self._row0 + lo, self._row0 + hi)
 
     def logits(self, row: int = -1) -> np.ndarray:
         """Logits of this view's output row ``row`` (-1: its last row) of the last decode."""
@@ -121,12 +130,12 @@ class SeqView(RecurrentCache):
         """The shared context outlives its views (its owner closes it)."""
 
 
-def decode_views(ctx, parts: list[tuple[SeqView, list[int], int, bool]]) -> None:
-    """One decode carrying every part's rows: ``(view, tokens, start_pos, all_outputs)``.
+def decode_views(ctx, parts: list[tuple[SeqView, list[int], int, bool | str]]) -> None:
+    """One decode carrying every part's rows: ``(view, tokens, start_pos, outputs)``.
 
-    A part without ``all_outputs`` outputs its last row only. Afterwards each view reads its
-    own rows (:meth:`SeqView.took`). With exact numerics (``min_rows`` 2) a batch of one row
-    is padded as a lone decode would be, and the padding cut off again.
+    ``outputs``: ``"all"`` (or True), ``"last"`` (or False: its last row) or ``"none"``. Afterwards each
+    view reads its own rows (:meth:`SeqView.took`). With exact numerics (``min_rows`` 2) a batch of one
+    row is padded as a lone decode would be, and the padding cut off again.
     """
     toks: list[int] = []
     pos: list[int] = []
@@ -134,14 +143,16 @@ def decode_views(ctx, parts: list[tuple[SeqView, list[int], int, bool]]) -> None
     flags: list[int] = []
     spans = []
     n_out = 0
-    for view, tokens, start, every in parts:
+    for view, tokens, start, outputs in parts:
         n = len(tokens)
-        spans.append((view, len(toks), n_out, n, n if every else 1, start))
+        outputs = {True: "all", False: "last"}.get(outputs, outputs)
+        outs = n if outputs == "all" else int(outputs == "last")
+        spans.append((view, len(toks), n_out, n, outs, start))
         toks += tokens
         pos += range(start, start + n)
         seqs += [view.seq] * n
-        flags += [1] * n if every else [0] * (n - 1) + [1]
-        n_out += n if every else 1
+        flags += [1] * n if outputs == "all" else [0] * (n - outs) + [1] * outs
+        n_out += outs
     pad = ctx.min_rows - len(toks) if len(toks) < ctx.min_rows else 0
     if pad:
         view, start = parts[-1][0], pos[-1] + 1
@@ -157,3 +168,12 @@ def decode_views(ctx, parts: list[tuple[SeqView, list[int], int, bool]]) -> None
         view = parts[-1][0]
         view._decoded(spans[-1][5], spans[-1][3] + pad)
         view.seq_rm(spans[-1][5] + spans[-1][3])
+
+
+def decode_embd_views(ctx, parts: list[tuple[SeqView, list, int, int]]) -> None:
+    """Float input rows of several views in one decode (per ``n_batch`` rows): ``(view, arrays, start_pos, n)``,
+    the first ``n`` rows of ``arrays`` side by side (as ``Context.decode_embd``) at ``start_pos..`` of the view."""
+    ctx.decode_embd_rows([(arrays, start, n, view.seq) for view, arrays, start, n in parts])
+    for view, _arrays, start, n in parts:
+        if n:
+            view._decoded(start, n)

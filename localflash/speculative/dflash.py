@@ -24,8 +24,10 @@ import numpy as np
 
 from localflash.archs import LAYER_INPUT_ARCHS
 from localflash.errors import LocalflashError
-from localflash.llama import Context, ContextOptions, Model, gpu_offload_supported
+from localflash.llama import Context, ContextOptions, Model, SeqView, gpu_offload_supported
+from localflash.llama.sequences import decode_embd_views, decode_views
 from localflash.speculative.drafter import Drafter
+from localflash.speculative.group import Ask, DrafterGroup, Taken
 from localflash.speculative.tree import TOP_K, Tree, best_first, top_candidates_rows
 
 
@@ -78,12 +80,44 @@ def walk_lattice(rows: np.ndarray, top_k: int, k: int, p_min: float = 0.0) -> li
     return drafts
 
 
+def dflash_context(model: Model, target_ctx: Context, n_ctx: int, n_threads: int = 0, n_seq: int = 1) -> Context:
+    """The drafter's context: ``n_ctx`` positions for each of ``n_seq`` sequences (slots), in one unified KV.
+
+    Unified: llama.cpp then takes a batch of several sequences as one micro-batch (``split_simple``;
+    per-sequence streams split it by equal lengths and consecutive ids), and the attention mask keeps
+    the sequences apart (``llama-kv-cache.cpp`` set_input_kq_mask: a cell of another sequence is
+    masked, causal or not). DFlash2's in-block convolutions and selector take each sequence's block
+    as one of the micro-batch's ``n_seqs_unq`` equal blocks (``models/dflash.cpp``).
+    """
+    block = int(model.meta("dflash.block_size") or 16)
+    ctx = Context(model, ContextOptions(n_ctx=n_ctx * n_seq, n_batch=512, n_ubatch=512, n_outputs_max=min(512, block * n_seq),
+                                        n_threads=n_threads, n_seq_max=n_seq, kv_unified=True), other=target_ctx)
+    ctx.set_causal((model.meta("dflash.attention.causal") or "false").lower() == "true")
+    if model.dflash_selector_top_k():
+        ctx.output_nextn(masked=False)  # the lattice has a row per block position, logits are not read
+    return ctx
+
+
+def greedy_in_graph(ctx: Context, in_graph_argmax: bool | None, top_k: int) -> bool:
+    """Whether DFlash1 drafts are argmaxed in llama.cpp's graph (a chain is then attached to ``ctx``).
+
+    On a GPU, llama.cpp takes the argmax in its graph, so only ids cross the bus (a block's logits are
+    16 x n_vocab floats). Not on a CPU: ggml's CPU argmax is one scalar thread (~250 us per 248,320-token
+    row), NumPy's is SIMD. None: decide by the build.
+    """
+    if in_graph_argmax is None:
+        in_graph_argmax = gpu_offload_supported()
+    return bool(in_graph_argmax) and not top_k and ctx.sample_greedy_in_graph()
+
+
 class DFlashDrafter(Drafter):
+    """One sequence's DFlash drafter: on a context of its own, or (``group``) on sequence ``seq`` of a shared one."""
+
     name = "dflash"
     cost_grows_with_length = False
 
     def __init__(self, model: Model, target: Model, target_ctx: Context, n_ctx: int, n_threads: int = 0, p_min: float = 0.0,
-                 in_graph_argmax: bool | None = None):
+                 in_graph_argmax: bool | None = None, group: "DFlashGroup | None" = None, seq: int = 0):
         self.layer_ids = check_dflash_pair(target, model)
         self.model = model
         self.block_size = int(model.meta("dflash.block_size") or 16)
@@ -95,23 +129,17 @@ class DFlashDrafter(Drafter):
         self.mask = model.mask_token()
         if self.mask < 0:
             raise LocalflashError(f"{model.path.name} has no mask token (tokenizer.ggml.mask_token_id)")
-        self.ctx = Context(
-            model,
-            ContextOptions(n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_outputs_max=self.block_size, n_threads=n_threads),
-            other=target_ctx,
-        )
-        self.ctx.set_causal((model.meta("dflash.attention.causal") or "false").lower() == "true")
-        if self.top_k:
-            self.ctx.output_nextn(masked=False)  # the lattice has a row per block position, logits are not read
-        # DFlash drafts are read greedily. On a GPU, llama.cpp takes the argmax in its graph, so only ids cross
-        # the bus (a block's logits are 16 x n_vocab floats). Not on a CPU: ggml's CPU argmax is one
-        # scalar thread (~250 us per 248,320-token row), NumPy's is SIMD. None: decide by the build.
-        if in_graph_argmax is None:
-            in_graph_argmax = gpu_offload_supported()
-        self.in_graph = bool(in_graph_argmax) and not self.top_k and self.ctx.sample_greedy_in_graph()
+        self.owner = group is None
+        if group is None:
+            self.ctx = dflash_context(model, target_ctx, n_ctx, n_threads)
+            self.in_graph = greedy_in_graph(self.ctx, in_graph_argmax, self.top_k)
+            self.ctx_limit = self.ctx.n_ctx - self.block_size
+        else:  # its share of the group's context: positions 0..n_ctx-1 of sequence ``seq``
+            self.ctx = SeqView(group.ctx, seq)
+            self.in_graph = group.in_graph
+            self.ctx_limit = min(n_ctx, self.ctx.n_ctx) - self.block_size
         target_ctx.capture_layer_inputs(self.layer_ids)
         self.n_injected = 0  # positions 0..n_injected-1 carry target features
-        self.ctx_limit = self.ctx.n_ctx - self.block_size
 
     def rollback(self, n_keep: int) -> None:
         if self.n_injected > n_keep:
@@ -119,29 +147,43 @@ class DFlashDrafter(Drafter):
             self.n_injected = n_keep
 
     def on_target_decode(self, target_ctx: Context, start_pos: int, n_committed: int) -> None:
-        if start_pos != self.n_injected or start_pos + n_committed > self.ctx_limit:
-            return  # past the drafter's context (or after a gap): no features, so no drafts from here
-        rows = target_ctx.n_last  # each tapped layer's rows go straight into the drafter's batch, side by side
-        self.ctx.decode_embd(target_ctx.layer_inputs(self.layer_ids, rows), start_pos, n_committed)
-        self.n_injected = start_pos + n_committed
+        if self.takes(start_pos, n_committed):
+            self.ctx.decode_embd(self.features(target_ctx), start_pos, n_committed)
+            self.n_injected = start_pos + n_committed
+
+    def takes(self, start_pos: int, n_committed: int) -> bool:
+        """Whether rows committed at ``start_pos..`` go in; past the drafter's context (or after a gap) they do not,
+        so it drafts no more from there."""
+        return start_pos == self.n_injected and start_pos + n_committed <= self.ctx_limit
+
+    def features(self, target_ctx) -> list[np.ndarray]:
+        """Each tapped layer's rows of the target's last decode: they go straight into the drafter's batch, side by side."""
+        return target_ctx.layer_inputs(self.layer_ids, target_ctx.n_last)
 
     def propose(self, history: list[int], n_past: int, k: int) -> list[int]:
         k = min(k, self.max_draft)
         if k <= 0 or self.n_injected != n_past:
             return []
         # always draft the full block: the drafter was trained on it and its cost barely depends on k
-        block = [history[-1]] + [self.mask] * self.max_draft
-        if self.top_k:
-            self.ctx.decode(block, n_past, "none")
-            drafts = walk_lattice(self.ctx.nextn_rows(len(block)), self.top_k, k, self.p_min)
-        else:
-            self.ctx.decode(block, n_past, "all")
-            if self.in_graph:
-                drafts = self.ctx.sampled_rows(1, k + 1)
-            else:
-                drafts = self.ctx.all_logits()[1 : k + 1].argmax(axis=1).tolist()
+        self.ctx.decode(self.block(history), n_past, self.outputs)
+        drafts = self.read(k)
         self.ctx.seq_rm(n_past)
         return drafts
+
+    def block(self, history: list[int]) -> list[int]:
+        return [history[-1]] + [self.mask] * self.max_draft
+
+    @property
+    def outputs(self) -> str:
+        return "none" if self.top_k else "all"  # DFlash2: the lattice (nextn rows), not logits
+
+    def read(self, k: int) -> list[int]:
+        """Up to ``k`` drafts from this drafter's block rows of the last draft decode."""
+        if self.top_k:
+            return walk_lattice(self.ctx.nextn_rows(self.block_size), self.top_k, k, self.p_min)
+        if self.in_graph:
+            return self.ctx.sampled_rows(1, k + 1)
+        return self.ctx.all_logits()[1 : k + 1].argmax(axis=1).tolist()
 
     def propose_tree(self, history: list[int], n_past: int, k: int, budget: int) -> Tree:
         """DDTree: the block's per-position top candidates, grown best-first by cumulative drafter probability.
@@ -152,7 +194,7 @@ class DFlashDrafter(Drafter):
         k = min(k, self.max_draft)
         if k <= 0 or self.n_injected != n_past or self.in_graph:  # in-graph argmax: no logits to branch on
             return Tree.chain(history[-1], self.propose(history, n_past, min(k, budget)))
-        block = [history[-1]] + [self.mask] * self.max_draft
+        block = self.block(history)
         if self.top_k:
             self.ctx.decode(block, n_past, "none")
             rows = self.ctx.nextn_rows(len(block))
@@ -172,6 +214,58 @@ class DFlashDrafter(Drafter):
             tree = best_first(history[-1], lambda depth, _: (ids[depth], logp[depth], None), budget, k)
         self.ctx.seq_rm(n_past)
         return tree
+
+    def close(self) -> None:
+        if self.owner:  # a group's slot drafter: the group closes the shared context and the model
+            self.ctx.close()
+            self.model.close()
+
+
+class DFlashGroup(DrafterGroup):
+    """Every slot's DFlash drafter on sequence i of one shared drafter context; each step phase is one decode.
+
+    After a target step one decode takes in every slot's committed rows' features (each on its own
+    sequence, at its positions); a draft is one decode of every drafting slot's ``[last, MASK x (B-1)]``
+    block, whose rows each slot reads, after which each noise block is cut from its sequence. The
+    context holds ``n_ctx`` positions per slot, ``n_seq`` slots (:func:`dflash_context`).
+    """
+
+    def __init__(self, model: Model, target: Model, target_ctx: Context, n_ctx: int, n_seq: int, n_threads: int = 0,
+                 p_min: float = 0.0):
+        self.model = model
+        self.ctx = dflash_context(model, target_ctx, n_ctx, n_threads, n_seq)
+        self.in_graph = False  # llama.cpp's in-graph chain is attached to sequence 0 only (llama/graph_sampling.py)
+        super().__init__([DFlashDrafter(model, target, target_ctx, n_ctx, p_min=p_min, group=self, seq=i) for i in range(n_seq)])
+        self.block_size = self.drafters[0].block_size
+        self.per_decode = max(1, self.ctx.n_batch // self.block_size)  # blocks one draft decode carries
+
+    def propose(self, asks: list[Ask]) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in asks]
+        go = [(j, self.drafters[i], history, n_past, min(k, self.max_draft))
+              for j, (i, history, n_past, k) in enumerate(asks)
+              if min(k, self.max_draft) > 0 and self.drafters[i].n_injected == n_past]
+        for lo in range(0, len(go), self.per_decode):
+            part = go[lo : lo + self.per_decode]
+            decode_views(self.ctx, [(d.ctx, d.block(history), n_past, d.outputs) for _j, d, history, n_past, _k in part])
+            for j, d, _history, n_past, k in part:
+                out[j] = d.read(k)
+                d.ctx.seq_rm(n_past)  # the noise block, from its own sequence
+        return out
+
+    @property
+    def max_draft(self) -> int:
+        return self.drafters[0].max_draft
+
+    def on_target_decode(self, taken: list[Taken]) -> None:
+        parts = []
+        for i, view, start, n in taken:
+            d = self.drafters[i]
+            if d.takes(start, n):
+                parts.append((d.ctx, d.features(view), start, n))
+        if parts:
+            decode_embd_views(self.ctx, parts)
+            for view, _features, start, n in parts:
+                self.drafters[view.seq].n_injected = start + n
 
     def close(self) -> None:
         self.ctx.close()

@@ -28,6 +28,7 @@ import traceback
 
 from localflash.errors import LocalflashError
 from localflash.llama.sequences import SeqView, decode_views
+from localflash.speculative.group import DrafterGroup
 from localflash.speculative.loop import Engine, check_prompt, verify_block
 from localflash.speculative.sampling import Sampler
 from localflash.speculative.stats import Stats
@@ -105,9 +106,10 @@ class SlotPool:
     """N slots on one target context; see the module docstring."""
 
     def __init__(self, target, ctx, drafters: list, adaptive: bool = True, draft_max: int | None = None,
-                 max_rows: int | None = None, n_ubatch: int = 512):
+                 max_rows: int | None = None, n_ubatch: int = 512, group: DrafterGroup | None = None):
         self.target = target
         self.ctx = ctx
+        self.group = group or DrafterGroup(drafters)  # drafts and intakes of a whole step (speculative/group.py)
         self.slots = [SlotEngine(self, i, target, SeqView(ctx, i, n_ubatch), d, adaptive, draft_max) for i, d in enumerate(drafters)]
         top = self.slots[0].policy.max_draft
         rows = min(ctx.n_batch, ctx.n_outputs_max, max_rows or ctx.n_batch)
@@ -178,8 +180,7 @@ class SlotPool:
             self._closing = True
             self._cv.notify()
         self._thread.join(30)
-        for s in reversed(self.slots):  # slot 0's drafter owns the shared drafter model: closed last
-            s.drafter.close()
+        self.group.close()
         self.ctx.close()
 
     # -- the pool's thread ----------------------------------------------------------
@@ -333,14 +334,15 @@ class SlotPool:
         if not plans:
             return
         k = self.policy.choose([(p[0].policy, p[2]) for p in plans])
-        for p in plans:
-            s, n_past, limit = p[0], p[1], p[2]
-            kk = min(k, limit)
-            if kk:
-                td = time.perf_counter()
-                p[3] = s.drafter.propose(s.request.history, n_past, kk)
-                p[4] = time.perf_counter() - td
-            if p[3] and s.ctx.recurrent and len(p[3]) > s.ctx.n_rs_seq:
+        asking = [p for p in plans if min(k, p[2])]
+        if asking:  # every drafting slot's draft from one group call (DFlash: one decode), its time shared out
+            td = time.perf_counter()
+            drafts = self.group.propose([(p[0].index, p[0].request.history, p[1], min(k, p[2])) for p in asking])
+            share = (time.perf_counter() - td) / len(asking)
+            for p, draft in zip(asking, drafts):
+                p[3], p[4] = draft, share
+        for s, _n_past, _limit, draft, _td in plans:
+            if draft and s.ctx.recurrent and len(draft) > s.ctx.n_rs_seq:
                 s.ctx.checkpoint(transient=True)  # no snapshot reaches back (qwen3next): restore + replay on a miss
         tv = time.perf_counter()
         decode_views(self.ctx, [(p[0].ctx, [p[0].request.last] + p[3], p[1], bool(p[3])) for p in plans])
@@ -355,19 +357,27 @@ class SlotPool:
         self.policy.record(rows, t_decode)
         self.steps += 1
         self.rows_decoded += rows
-        # cuts that need no decode first (right after the decode whose snapshots they use), then replays
-        order = sorted(range(len(plans)), key=lambda i: not plans[i][0].ctx.rollback_ok(len(plans[i][0].tokens)))
-        for i in order:
-            s, n_past, _limit, draft, t_draft = plans[i]
-            new, m = verified[i], len(verified[i]) - 1
-            t0 = time.perf_counter()
-            if m < len(draft):
-                s._cut(len(s.tokens))
-            t_cut = time.perf_counter() - t0
-            td = time.perf_counter()
-            s.drafter.on_target_decode(s.ctx, n_past, m + 1)
-            t_draft += time.perf_counter() - td
-            self._commit(s, draft, new, t_decode + t_cut, t_draft)
+        # cuts that need no decode first, right after the decode whose rows (snapshots, layer inputs) they use, then
+        # every such slot's drafter takes in its committed rows in one group call; then the cuts that replay (a
+        # target decode of that slot alone), each followed by its own drafter's intake
+        quick = [i for i in range(len(plans)) if plans[i][0].ctx.rollback_ok(len(plans[i][0].tokens))]
+        replay = [i for i in range(len(plans)) if i not in quick]
+        t_cut = [0.0] * len(plans)
+        for batch in [quick] + [[i] for i in replay]:
+            for i in batch:
+                s, draft, m = plans[i][0], plans[i][3], len(verified[i]) - 1
+                t0 = time.perf_counter()
+                if m < len(draft):
+                    s._cut(len(s.tokens))
+                t_cut[i] = time.perf_counter() - t0
+            if batch:
+                td = time.perf_counter()
+                self.group.on_target_decode([(plans[i][0].index, plans[i][0].ctx, plans[i][1], len(verified[i])) for i in batch])
+                share = (time.perf_counter() - td) / len(batch)
+                for i in batch:
+                    plans[i][4] += share
+        for i, (s, _n_past, _limit, draft, t_draft) in enumerate(plans):
+            self._commit(s, draft, verified[i], t_decode + t_cut[i], t_draft)
 
     def _commit(self, s: SlotEngine, draft: list[int], new: list[int], t_target: float, t_draft: float) -> None:
         req, st = s.request, s.request.stats
