@@ -35,6 +35,7 @@ def files(tiny_dir, tiny_target, tiny_qwen35, tiny_qwen35_mtp_agree, tiny_qwen3n
         "draft": (tiny_target, write_target(tiny_dir / "slots-draft.gguf", TinySpec(n_layer=4, seed=0, noise=0.1))),
         "dflash": (tiny_target, write_dflash(tiny_dir / "slots-dflash.gguf", DFlashSpec(target_layers=[1, 2, 3], block_size=8))),
         "dflash2": (tiny_target, write_dflash2(tiny_dir / "slots-dflash2.gguf", DFlash2Spec(target_layers=[1, 2, 3]))),
+        "dflash+ngram": (tiny_target, write_dflash(tiny_dir / "slots-dflash.gguf", DFlashSpec(target_layers=[1, 2, 3], block_size=8))),
         "eagle3": (tiny_target, write_eagle3(tiny_dir / "slots-eagle3.gguf", Eagle3Spec(echo=4.0, fc_scale=0.3))),
         "qwen35-none": (tiny_qwen35, None),
         "qwen35-ngram": (tiny_qwen35, None),
@@ -59,7 +60,7 @@ def _check(opts: dict, slots: int, cases: tuple[str, ...]) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-KINDS = ["none", "ngram", "draft", "dflash", "dflash2", "eagle3",
+KINDS = ["none", "ngram", "draft", "dflash", "dflash2", "dflash+ngram", "eagle3",
          "qwen35-none", "qwen35-ngram", "qwen35-draft", "qwen35-mtp", "qwen35-dflash", "qwen3next-ngram"]
 
 
