@@ -16,7 +16,8 @@ import pytest
 from localflash.api import load
 from localflash.llama import Context, ContextOptions, Model, SeqView, decode_views
 from localflash.speculative.dflash import DFlashDrafter, DFlashGroup
-from localflash.testing.tiny import DFlash2Spec, DFlashSpec, write_dflash, write_dflash2
+from localflash.speculative.draft_model import DraftModelDrafter, DraftModelGroup
+from localflash.testing.tiny import DFlash2Spec, DFlashSpec, HybridSpec, TinySpec, write_dflash, write_dflash2, write_hybrid, write_target
 
 N_SEQ = 4
 N_CTX = 256  # per slot
@@ -106,9 +107,8 @@ def test_a_slots_draft_rows_do_not_change_with_another_slots_content(target, dra
     assert not np.allclose(runs[0][1], runs[1][1])  # slot 1 itself does see its new content
 
 
-def _pool_steps(drafter_file, tiny_target, parallel: int) -> list[tuple[int, int, int]]:
+def _pool_steps(drafter_file, tiny_target, parallel: int, spec: str = "dflash") -> list[tuple[int, int, int]]:
     """(active slots, decodes on the shared drafter context, draft tokens) of every step of ``parallel`` requests at once."""
-    spec = "dflash"
     with load(model=str(tiny_target), drafter=str(drafter_file), spec=spec, threads=1, ctx=N_CTX * parallel,
               fixed=True, draft_max=4, parallel=parallel) as llm:
         pool = llm.pool
@@ -136,3 +136,52 @@ def test_a_pool_step_costs_the_drafter_one_intake_and_one_draft_decode_for_all_s
     assert any(n == N_SEQ and drafted for n, _decodes, drafted in log)  # steps with every slot drafting
     for n, decodes, drafted in log:
         assert decodes == 1 + (drafted > 0), (n, decodes, drafted)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen35"])
+def draft_pair(request, tiny_dir, tiny_target, tiny_qwen35):
+    """(target file, draft model file): a llama draft model, and a hybrid one (recurrent state cut back by checkpoints)."""
+    if request.param == "llama":
+        return tiny_target, write_target(tiny_dir / "group-draft.gguf", TinySpec(n_layer=4, seed=0, noise=0.1))
+    return tiny_qwen35, write_hybrid(tiny_dir / "group-q35-draft.gguf", HybridSpec(seed=3, noise=0.1))
+
+
+def test_draft_model_group_drafts_what_each_slots_own_draft_model_drafts_cycle_after_cycle(draft_pair):
+    """Six cycles of four slots, each accepting a different number of drafts (rejected ones cut from its cache,
+    a hybrid drafter's state restored from its checkpoint and replayed) and then its own bonus token."""
+    target_file, draft_file = draft_pair
+    target = Model(target_file)
+    model = Model(draft_file)
+    group = DraftModelGroup(model, target, N_CTX, N_SEQ, max_draft=4)
+    solos = [DraftModelDrafter(Model(draft_file), target, N_CTX, 4, n_threads=1) for _ in range(N_SEQ)]
+    histories = [p + [p[0]] for p in _prompts(target, TEXTS)]
+    for i, (d, h) in enumerate(zip(group.drafters, histories)):
+        d.on_prompt(h[:-1])
+        solos[i].on_prompt(h[:-1])
+    n0 = group.ctx.n_decodes
+    for cycle in range(6):
+        asks = [(i, h, len(h) - 1, 4) for i, h in enumerate(histories)]
+        together = group.propose(asks)
+        alone = [solo.propose(h, len(h) - 1, 4) for solo, h in zip(solos, histories)]
+        assert together == alone, cycle
+        assert all(len(d) == 4 for d in together)
+        for i, (h, draft) in enumerate(zip(histories, together)):
+            kept = (cycle + i) % 5  # 0..4 drafts accepted, then a token of the target's own
+            h += draft[:kept] + [WORDS_IDS[(cycle + i) % len(WORDS_IDS)]]
+    assert group.ctx.n_decodes - n0 == 6 * 4  # per cycle: one catch-up of all four slots, then one decode per draft position
+    group.close()
+    for solo in solos:
+        solo.close()
+
+
+WORDS_IDS = [3, 7, 11, 19, 23]  # bonus tokens: ordinary ids of the tiny SPM vocabulary
+
+
+def test_a_pool_step_costs_the_draft_model_one_catch_up_and_one_decode_per_draft_position(draft_pair):
+    target_file, draft_file = draft_pair
+    log = _pool_steps(draft_file, target_file, N_SEQ, spec="draft")
+    assert any(n == N_SEQ and drafted == 4 * N_SEQ for n, _decodes, drafted in log)
+    for n, decodes, drafted in log:
+        if drafted == 4 * n:  # every slot drafted 4 tokens: its catch-up and 3 more rows, in 4 decodes for all of them
+            assert decodes == 4, (n, decodes, drafted)
+        assert decodes <= 4
