@@ -62,7 +62,7 @@ class InGraphSampling:
     """
 
     def _init_graph_sampling(self) -> None:
-        self._chains: list = []  # the attached chain (at most one), freed after the context
+        self._chains: list = []  # the attached chains (chain i: sequence i's; one but for greedy ones), freed after the context
         self._graph_key: tuple | None = None  # the settings of the attached chain; None: rows go to the host
 
     def _finalizer(self) -> weakref.finalize:
@@ -87,9 +87,9 @@ class InGraphSampling:
         if key == self._graph_key:
             L.llama_sampler_reset(self._chains[0])
             return True
+        self._release_chain()  # detached first: every attached chain (other sequences' greedy ones too) goes
         new = chain_ptr(temperature, top_k, top_p, min_p, seed)
-        ok = bool(L.llama_set_sampler(self.ptr, 0, new))  # on failure llama.cpp detaches any chain sequence 0 had
-        self._release_chain()
+        ok = bool(L.llama_set_sampler(self.ptr, 0, new))
         if not ok:
             L.llama_sampler_free(new)
             self._graph_key = None
@@ -98,18 +98,30 @@ class InGraphSampling:
         self._graph_key = key
         return True
 
-    def sample_greedy_in_graph(self) -> bool:
-        """Take every output row's argmax inside llama.cpp's graph; read the ids with :meth:`sampled`."""
-        return self.sample_in_graph()
+    def sample_greedy_in_graph(self, n_seq: int = 1) -> bool:
+        """Take every output row's argmax inside llama.cpp's graph, for sequences ``0..n_seq-1`` (a greedy chain
+        each: a slot pool's shared drafter context); read the ids with :meth:`sampled`."""
+        if not self.sample_in_graph():
+            return False
+        L = lib()
+        for seq in range(len(self._chains), n_seq):
+            chain = chain_ptr(0.0, 0, 1.0, 0.0)
+            if not L.llama_set_sampler(self.ptr, seq, chain):
+                L.llama_sampler_free(chain)
+                self.sample_on_host()
+                return False
+            self._chains.append(chain)
+        return True
 
     def sample_on_host(self) -> None:
-        """Detach the chain: decodes copy logits to the host again."""
+        """Detach the chains: decodes copy logits to the host again."""
         if self._graph_key is not None:
-            lib().llama_set_sampler(self.ptr, 0, None)
             self._release_chain()
             self._graph_key = None
 
     def _release_chain(self) -> None:
+        for seq in range(len(self._chains)):  # chain i samples sequence i
+            lib().llama_set_sampler(self.ptr, seq, None)
         while self._chains:
             lib().llama_sampler_free(self._chains.pop())
 

@@ -98,7 +98,7 @@ def dflash_context(model: Model, target_ctx: Context, n_ctx: int, n_threads: int
     return ctx
 
 
-def greedy_in_graph(ctx: Context, in_graph_argmax: bool | None, top_k: int) -> bool:
+def greedy_in_graph(ctx: Context, in_graph_argmax: bool | None, top_k: int, n_seq: int = 1) -> bool:
     """Whether DFlash1 drafts are argmaxed in llama.cpp's graph (a chain is then attached to ``ctx``).
 
     On a GPU, llama.cpp takes the argmax in its graph, so only ids cross the bus (a block's logits are
@@ -107,7 +107,7 @@ def greedy_in_graph(ctx: Context, in_graph_argmax: bool | None, top_k: int) -> b
     """
     if in_graph_argmax is None:
         in_graph_argmax = gpu_offload_supported()
-    return bool(in_graph_argmax) and not top_k and ctx.sample_greedy_in_graph()
+    return bool(in_graph_argmax) and not top_k and ctx.sample_greedy_in_graph(n_seq)
 
 
 class DFlashDrafter(Drafter):
@@ -231,10 +231,10 @@ class DFlashGroup(DrafterGroup):
     """
 
     def __init__(self, model: Model, target: Model, target_ctx: Context, n_ctx: int, n_seq: int, n_threads: int = 0,
-                 p_min: float = 0.0):
+                 p_min: float = 0.0, in_graph_argmax: bool | None = None):
         self.model = model
         self.ctx = dflash_context(model, target_ctx, n_ctx, n_threads, n_seq)
-        self.in_graph = False  # llama.cpp's in-graph chain is attached to sequence 0 only (llama/graph_sampling.py)
+        self.in_graph = greedy_in_graph(self.ctx, in_graph_argmax, model.dflash_selector_top_k(), n_seq)
         super().__init__([DFlashDrafter(model, target, target_ctx, n_ctx, p_min=p_min, group=self, seq=i) for i in range(n_seq)])
         self.block_size = self.drafters[0].block_size
         self.per_decode = max(1, self.ctx.n_batch // self.block_size)  # blocks one draft decode carries

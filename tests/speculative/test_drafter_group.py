@@ -44,11 +44,12 @@ TEXTS = ["the clam river stone quiet light", "north seven garden market paper wi
          "cold bright window light river stone", "seven garden the clam north paper"]
 
 
-def _group(target, drafter_file, prompts):
+def _group(target, drafter_file, prompts, in_graph: bool = False):
     """A 4-sequence target context with each prompt prefilled on its sequence (one decode), and a DFlashGroup fed it."""
     ctx = Context(target, ContextOptions(n_ctx=N_CTX * N_SEQ, n_seq_max=N_SEQ, kv_unified=False, n_outputs_max=64, n_threads=1))
     views = [SeqView(ctx, i) for i in range(N_SEQ)]
-    group = DFlashGroup(Model(drafter_file), target, ctx, N_CTX + 16, N_SEQ, n_threads=1)
+    group = DFlashGroup(Model(drafter_file), target, ctx, N_CTX + 16, N_SEQ, n_threads=1, in_graph_argmax=in_graph)
+    assert group.in_graph == in_graph
     decode_views(ctx, [(v, p, 0, "last") for v, p in zip(views, prompts)])
     group.on_target_decode([(i, v, 0, len(p)) for i, (v, p) in enumerate(zip(views, prompts))])
     return ctx, group
@@ -88,6 +89,20 @@ def test_group_drafts_equal_each_slots_drafts_from_a_drafter_of_its_own(target, 
         assert d.ctx.pos_max() == len(p) - 1  # every noise block cut from its own sequence, the features kept
     group.close()
     ctx.close()
+
+
+def test_group_drafts_argmaxed_in_the_graph_equal_the_drafts_numpy_reads(target, tiny_dir):
+    """A greedy chain on every sequence of the shared context (what a GPU build uses): each slot's ids are its rows' argmax.
+    DFlash1 only: DFlash2 drafts from its selector lattice, never from sampled ids."""
+    drafter_file = write_dflash(tiny_dir / "group-dflash-in-graph.gguf", DFlashSpec(target_layers=[1, 2, 3], block_size=8))
+    prompts = _prompts(target, TEXTS)
+    runs = []
+    for in_graph in (False, True):
+        ctx, group = _group(target, drafter_file, prompts, in_graph)
+        runs.append(group.propose(_asks(prompts, group.max_draft)))
+        group.close()
+        ctx.close()
+    assert runs[1] == runs[0] and all(len(d) == group.max_draft for d in runs[1])
 
 
 def test_a_slots_draft_rows_do_not_change_with_another_slots_content(target, drafter_file):
