@@ -272,26 +272,31 @@ def make_slot_drafters(kind: str, target, ctx, drafter_model, n_seq: int, *, n_c
                        p_min: float = 0.0, kv: str = "f16"):
     """The drafters of ``n_seq`` parallel slots on the target context ``ctx``, in the group that drives them a step at a time.
 
-    DFlash and a draft model (each also behind prompt lookup): every slot's drafter on its sequence of one
-    shared drafter context of ``n_seq`` x ``n_ctx`` positions (DFlash: + the block's room), so a step costs
-    it one intake and one draft decode (``DFlashGroup``), or one catch-up and k - 1 draft decodes
-    (``DraftModelGroup``), for all slots; other kinds (n-gram, EAGLE-3, MTP): :func:`make_drafter`'s
-    drafter per slot, EAGLE-3's sharing the loaded weights (slot 0's owns them), looped over by the default group.
+    DFlash, a draft model and MTP (each also behind prompt lookup): every slot's drafter on its sequence of
+    one shared drafter context of ``n_seq`` x ``n_ctx`` positions (DFlash: + the block's room), so a step
+    costs it, for all slots together, one intake and one draft decode (``DFlashGroup``), one catch-up and
+    k - 1 draft decodes (``DraftModelGroup``), or one intake and k draft decodes (``MtpGroup``); n-gram and
+    EAGLE-3: :func:`make_drafter`'s drafter per slot, EAGLE-3's sharing the loaded weights (slot 0's owns
+    them), looped over by the default group.
     """
     from localflash.speculative.group import DrafterGroup, LookupFirstGroup
 
     base = base_kind(kind)
-    if base in ("dflash", "draft"):
+    if base in ("dflash", "draft", "mtp"):
         from localflash.speculative.drafter import LookupFirstDrafter
 
         if base == "dflash":
             from localflash.speculative.dflash import DFlashGroup
 
             group = DFlashGroup(drafter_model, target, ctx, n_ctx + BLOCK_ROOM, n_seq, n_threads=threads, p_min=p_min)
-        else:
+        elif base == "draft":
             from localflash.speculative.draft_model import DraftModelGroup
 
             group = DraftModelGroup(drafter_model, target, n_ctx, n_seq, max_draft, p_min, n_threads=threads)
+        else:
+            from localflash.speculative.mtp import MtpGroup
+
+            group = MtpGroup(target, ctx, n_ctx, n_seq, max_draft, p_min, n_threads=threads, kv=kv)
         if kind.endswith(LOOKUP):
             group = LookupFirstGroup([LookupFirstDrafter(d) for d in group.drafters], group)
         return group

@@ -21,6 +21,7 @@ from localflash.errors import LocalflashError
 from localflash.llama.bindings import ext
 from localflash.llama.views import float_view
 from localflash.llama.runtime import Batch, Context, ContextOptions, Model
+from localflash.llama.sequences import SeqView
 
 
 def enable_nextn(ctx: Context, masked: bool) -> None:
@@ -50,20 +51,26 @@ class MtpContext(Context):
         options.mtp = True
         super().__init__(model, options)
         enable_nextn(self, masked=True)
-        self._pair = Batch(self.n_batch)
+        self._pair = Batch(self.n_batch, n_seq_max=self.n_seq_max)
         self._hidden = np.zeros((self.n_batch, model.n_embd), dtype=np.float32)
 
     def decode_pairs(self, tokens, hidden: np.ndarray, start_pos: int, output_last: bool) -> None:
         """Decode ``tokens[i]`` paired with ``hidden[i]`` at ``start_pos + i``; only the last row may be output."""
         n = len(tokens)
+        self.decode_pair_rows(tokens, hidden, np.arange(start_pos, start_pos + n, dtype=np.int32), [self.seq] * n,
+                              [0] * (n - 1) + [int(output_last)])
+
+    def decode_pair_rows(self, tokens, hidden: np.ndarray, pos, seqs, outputs) -> None:
+        """One decode of pairs from several sequences: ``tokens[i]`` with ``hidden[i]`` at ``pos[i]`` in ``seqs[i]``,
+        ``outputs[i]`` marking output rows (read by batch index); no rollback bookkeeping (the views keep theirs)."""
+        n = len(tokens)
         if n > self.n_batch:
             raise ValueError(f"batch of {n} pairs exceeds n_batch={self.n_batch}")
         b = self._pair
         b.token[:n] = tokens
-        b.pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
-        b.logits[:n] = 0
-        if output_last:
-            b.logits[n - 1] = 1
+        b.pos[:n] = pos
+        b.logits[:n] = outputs
+        b.set_seqs(seqs)
         self._hidden[:n] = hidden
         b.raw.n_tokens = n
         b.raw.embd = self._hidden.ctypes.data_as(type(b.raw.embd))
@@ -71,7 +78,7 @@ class MtpContext(Context):
             self._run(b.raw, n)
         finally:
             b.raw.embd = None  # the array is ours: llama_batch_free must not free it
-        self._n_out = int(output_last)
+        self._n_out = int(np.count_nonzero(outputs))
         self.n_last = n
 
     def hidden(self) -> np.ndarray:
@@ -80,3 +87,43 @@ class MtpContext(Context):
         if not ptr:
             raise LocalflashError("the last MTP decode had no output row")
         return float_view(ptr, (self.model.n_embd,))
+
+
+class MtpView(SeqView):
+    """Sequence ``seq`` of a shared :class:`MtpContext` (a slot's MTP drafter): its pairs, logits and hidden states."""
+
+    def __init__(self, ctx: MtpContext, seq: int):
+        super().__init__(ctx, seq)
+        self._init_rollback(True)  # the nextn block's plain attention KV, on a hybrid target too: any cut is exact
+
+    def decode_pairs(self, tokens, hidden: np.ndarray, start_pos: int, output_last: bool) -> None:
+        decode_pair_views(self.base, [(self, tokens, hidden, start_pos, output_last)])
+
+    def hidden(self) -> np.ndarray:
+        """The MTP block's hidden state for this view's last row of the last decode (``n_embd`` view)."""
+        ptr = ext().llama_get_embeddings_nextn_ith(self.ptr, self._last_row)
+        if not ptr:
+            raise LocalflashError("the last MTP decode had no output row for this sequence")
+        return float_view(ptr, (self.model.n_embd,))
+
+
+def decode_pair_views(ctx: MtpContext, parts: list) -> None:
+    """One decode of every part's pairs: ``(view, tokens, hidden, start_pos, output_last)``; each view then reads its rows."""
+    toks: list[int] = []
+    pos: list[int] = []
+    seqs: list[int] = []
+    flags: list[int] = []
+    spans = []
+    n_out = 0
+    for view, tokens, _hidden, start, out in parts:
+        n = len(tokens)
+        spans.append((view, len(toks), n_out, n, start, int(out)))
+        n_out += int(out)
+        toks += list(tokens)
+        pos += range(start, start + n)
+        seqs += [view.seq] * n
+        flags += [0] * (n - 1) + [int(out)]
+    ctx.decode_pair_rows(toks, np.concatenate([h for _v, _t, h, _s, _o in parts]), np.asarray(pos, np.int32), seqs, flags)
+    for view, row0, out0, n, start, outs in spans:
+        view._decoded(start, n)
+        view.took(row0, out0, n, outs)

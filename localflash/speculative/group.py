@@ -3,10 +3,11 @@
 A :class:`~localflash.speculative.slots.SlotPool` step has two drafter phases: every drafting
 slot proposes a draft (before the target decode), and every slot takes in what the target
 committed (after it). The pool makes one call per phase on a :class:`DrafterGroup`. This
-default loops over the slots' own drafters (n-gram, EAGLE-3, MTP: a context, or none, each); a
-kind whose slot drafters share one multi-sequence context batches each phase across the slots
-(DFlash and DFlash2: :class:`~localflash.speculative.dflash.DFlashGroup`, one decode a phase; a
-draft model: :class:`~localflash.speculative.draft_model.DraftModelGroup`, one decode a draft position).
+default loops over the slots' own drafters (n-gram: none; EAGLE-3: a context each); a kind whose
+slot drafters share one multi-sequence context batches each phase across the slots (DFlash and
+DFlash2: :class:`~localflash.speculative.dflash.DFlashGroup`, one decode a phase; a draft model:
+:class:`~localflash.speculative.draft_model.DraftModelGroup`, and MTP:
+:class:`~localflash.speculative.mtp.MtpGroup`, one decode a draft position).
 :class:`LookupFirstGroup` puts prompt lookup in front of any of them (``--spec dflash+ngram``).
 
 Drafts only decide speed: the target verifies every one, and a sampled row consumes one draw

@@ -6,9 +6,9 @@ on a :class:`~localflash.llama.sequences.SeqView` (sequence i of the shared cont
 own drafter, draft policy and cached tokens, so the session layer (stop strings, phases,
 cancel) runs on it unchanged; only its ``generate`` differs: it hands the request to the
 pool's thread and yields what that thread commits for it. The slots' drafters are driven a
-step at a time by one :class:`~localflash.speculative.group.DrafterGroup`: DFlash's and a draft
-model's sit on sequence i of one shared drafter context, so every slot's drafts (and DFlash's
-feature intake) cost one decode for all slots, not one per slot.
+step at a time by one :class:`~localflash.speculative.group.DrafterGroup`: DFlash's, a draft
+model's and MTP's sit on sequence i of one shared drafter context, so every slot's drafts (and
+their intake of the target's rows) cost one decode for all slots, not one per slot.
 
 The pool's thread alternates between letting one waiting request in (its prompt prefilled
 on its own sequence, chunked as a one-slot engine chunks it) and a *step*: every active

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from localflash.api import load
-from localflash.llama import Context, ContextOptions, Model, SeqView, decode_views
+from localflash.llama import Context, ContextOptions, Model, ModelOptions, SeqView, decode_views
 from localflash.speculative.dflash import DFlashDrafter, DFlashGroup
 from localflash.speculative.draft_model import DraftModelDrafter, DraftModelGroup
+from localflash.speculative.mtp import MtpDrafter, MtpGroup
 from localflash.testing.tiny import DFlash2Spec, DFlashSpec, HybridSpec, TinySpec, write_dflash, write_dflash2, write_hybrid, write_target
 
 N_SEQ = 4
@@ -124,7 +125,7 @@ def test_a_slots_draft_rows_do_not_change_with_another_slots_content(target, dra
 
 def _pool_steps(drafter_file, tiny_target, parallel: int, spec: str = "dflash") -> list[tuple[int, int, int]]:
     """(active slots, decodes on the shared drafter context, draft tokens) of every step of ``parallel`` requests at once."""
-    with load(model=str(tiny_target), drafter=str(drafter_file), spec=spec, threads=1, ctx=N_CTX * parallel,
+    with load(model=str(tiny_target), drafter=str(drafter_file) if drafter_file else None, spec=spec, threads=1, ctx=N_CTX * parallel,
               fixed=True, draft_max=4, parallel=parallel) as llm:
         pool = llm.pool
         dctx = pool.group.ctx
@@ -200,3 +201,41 @@ def test_a_pool_step_costs_the_draft_model_one_catch_up_and_one_decode_per_draft
         if drafted == 4 * n:  # every slot drafted 4 tokens: its catch-up and 3 more rows, in 4 decodes for all of them
             assert decodes == 4, (n, decodes, drafted)
         assert decodes <= 4
+
+
+def test_mtp_group_drafts_what_each_slots_own_mtp_drafter_drafts(tiny_qwen35_mtp_agree):
+    """Four slots' MTP drafts (3 tokens each, every one fed the MTP block's own hidden state) in 3 decodes for all."""
+    target = Model(tiny_qwen35_mtp_agree, ModelOptions(load_mtp=True))
+    prompts = _prompts(target, TEXTS)
+    ctx = Context(target, ContextOptions(n_ctx=N_CTX * N_SEQ, n_seq_max=N_SEQ, kv_unified=False, n_outputs_max=16, n_threads=1))
+    views = [SeqView(ctx, i) for i in range(N_SEQ)]
+    group = MtpGroup(target, ctx, N_CTX, N_SEQ, max_draft=3)
+    for i, (v, p) in enumerate(zip(views, prompts)):  # a hybrid target: each prompt alone, as the slot pool prefills
+        v.decode(p, 0, "last")
+        group.on_target_decode([(i, v, 0, len(p))])
+    n0 = group.ctx.n_decodes
+    together = group.propose(_asks(prompts, 3))
+    assert group.ctx.n_decodes - n0 == 3
+    alone = []
+    for p in prompts:
+        tctx = Context(target, ContextOptions(n_ctx=N_CTX, n_outputs_max=16, n_threads=1))
+        solo = MtpDrafter(target, tctx, N_CTX, 3, n_threads=1)
+        tctx.decode(p, 0, "last")
+        solo.on_target_decode(tctx, 0, len(p))
+        alone.append(solo.propose(p + [p[0]], len(p), 3))
+        solo.close()
+        tctx.close()
+    assert together == alone and all(len(d) == 3 for d in together)
+    for d, p in zip(group.drafters, prompts):
+        assert d.ctx.pos_max() == len(p) - 1  # the draft steps cut from each sequence, the fed prompt kept
+    group.close()
+    ctx.close()
+
+
+def test_a_pool_step_costs_mtp_one_intake_and_one_decode_per_draft_position(tiny_qwen35_mtp_agree):
+    log = _pool_steps(None, tiny_qwen35_mtp_agree, N_SEQ, spec="mtp")
+    assert any(n == N_SEQ and drafted == 4 * N_SEQ for n, _decodes, drafted in log)
+    for n, decodes, drafted in log:
+        if drafted == 4 * n:  # every slot drafted 4 tokens: the intake, then 4 draft positions, for all of them
+            assert decodes == 5, (n, decodes, drafted)
+        assert decodes <= 5 and decodes >= 1 + (drafted > 0)
