@@ -52,7 +52,8 @@ class _Buffers(threading.local):
     """Per-thread scratch reused across calls (fresh 1-2 MB arrays cost page faults)."""
 
     def __init__(self):
-        self.chunk = (np.empty(CHUNK), np.empty(CHUNK), np.empty(CHUNK, np.intp))
+        # differences, both weights of a token as one complex number (real: exp(d), imaginary: exp(d / T)), bins
+        self.chunk = (np.empty(CHUNK), np.empty(CHUNK, np.complex128), np.empty(CHUNK, np.intp))
         self.bins: dict[int, np.ndarray] = {}
 
     def bins_for(self, n: int) -> np.ndarray:
@@ -103,26 +104,32 @@ class _Row:
         # top's; with BINS - 2 over the range, rounding (2u relative) keeps every bin below BINS - 1
         self.scale = scale = 0.0 if top == low else (BINS - 2) / (top - low)
         self.bins = _buffers.bins_for(n)
-        d_buf, w_buf, b_buf = _buffers.chunk
-        mass_w, mass_v = np.zeros(BINS), np.zeros(BINS) if temperature != 1.0 else None
+        d_buf, c_buf, b_buf = _buffers.chunk
+        tempered = temperature != 1.0
+        # one scatter adds both weights: a complex add is the two float64 adds, so each part's bin sums are the
+        # same float64 sums a real scatter of that weight makes (one pass over the indices instead of two)
+        mass = np.zeros(BINS, np.complex128 if tempered else np.float64)
         self.min_p_count = 0  # the book's min-p count: tokens with w >= min_p
         for at in range(0, n, CHUNK):
             xc = x[at : at + CHUNK]
             m = len(xc)
-            d, w, b = d_buf[:m], w_buf[:m], b_buf[:m]
-            np.subtract(xc, top, out=d, dtype=np.float64)  # the book's differences (exact in float64)
-            np.exp(d, out=w)
+            d, c, b = d_buf[:m], c_buf[:m], b_buf[:m]
+            d[:] = xc  # exact (a float32 is a float64)
+            np.subtract(d, top, out=d)  # the book's differences, rounded as its float64 subtraction rounds them
             np.multiply(d, -scale, out=b, casting="unsafe")  # the cast truncates: floor, as the product is >= 0
             self.bins[at : at + m] = b
-            np.add.at(mass_w, b, w)  # a little faster than a weighted bincount
+            w = c.real if tempered else c_buf.view(np.float64)[:m]  # untempered: one weight, contiguous
+            np.exp(d, out=w)  # the book's weights
             if min_p > 0.0:
                 self.min_p_count += int(np.count_nonzero(w >= min_p))
-            if mass_v is not None:
-                np.divide(d, temperature, out=w)  # the book's tempered weights
-                np.exp(w, out=w)
-                np.add.at(mass_v, b, w)
-        self.cum_w = np.cumsum(mass_w, out=mass_w)
-        self.cum_v = self.cum_w if mass_v is None else np.cumsum(mass_v, out=mass_v)
+            if tempered:
+                np.divide(d, temperature, out=d)  # the book's tempered differences
+                np.exp(d, out=c.imag)  # and weights
+                np.add.at(mass, b, c)
+            else:
+                np.add.at(mass, b, w)
+        self.cum_w = np.cumsum(mass.real if tempered else mass)
+        self.cum_v = np.cumsum(mass.imag) if tempered else self.cum_w
 
     def bin_of(self, value: float) -> int:
         """The bin of a logit (the row's float64 steps; clipped to the bins)."""
