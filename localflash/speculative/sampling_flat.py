@@ -116,8 +116,9 @@ class _Row:
             d, c, b = d_buf[:m], c_buf[:m], b_buf[:m]
             d[:] = xc  # exact (a float32 is a float64)
             np.subtract(d, top, out=d)  # the book's differences, rounded as its float64 subtraction rounds them
-            np.multiply(d, -scale, out=b, casting="unsafe")  # the cast truncates: floor, as the product is >= 0
-            self.bins[at : at + m] = b
+            # the cast truncates: floor, as the product is >= 0 (to int16 first: a cheaper conversion than to intp)
+            np.multiply(d, -scale, out=self.bins[at : at + m], casting="unsafe")
+            b[:] = self.bins[at : at + m]  # the scatter's indices (its fast path takes intp)
             w = c.real if tempered else c_buf.view(np.float64)[:m]  # untempered: one weight, contiguous
             np.exp(d, out=w)  # the book's weights
             if min_p > 0.0:
