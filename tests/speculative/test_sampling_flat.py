@@ -149,3 +149,42 @@ def test_a_decision_within_rounding_of_a_boundary_is_left_to_the_book():
         else:
             assert tok == reference_sample(row, q, u), (q, u)
     assert open_ == len(cases) // 2
+
+
+@pytest.mark.parametrize("vocab", [QWEN2_VOCAB, QWEN36_VOCAB])
+def test_logits_on_the_bin_edges_in_tie_groups_draw_the_books_token(vocab):
+    """Every logit on or one float32 step either side of one of the 2,047 edges the bins are cut at
+    (``top - k * range / 2046``), about 30 tokens tied on each value, the cut inside a tie group and draws aimed
+    1e-6 (relative) either side of the book's running weights: neighbouring logits fall into different bins
+    at the edges, and the book's order (by logit, then by id) must survive the binning."""
+    rng = np.random.default_rng(vocab + 1)
+    edges = (-np.arange(2047) * (4.0 / 2046)).astype(np.float32)
+    values = np.concatenate([edges, np.nextafter(edges, np.float32(np.inf)), np.nextafter(edges, np.float32(-np.inf))])
+    values = values[(values <= 0) & (values >= -4)]
+    row = values[rng.integers(0, len(values), vocab)]
+    row[:2] = 0.0, -4.0  # the range: exactly [-4, 0]
+    scaled = row.astype(np.float64) * -((2048 - 2) / 4.0)  # the module's bin arithmetic (top 0), before the floor
+    assert np.abs(scaled - np.round(scaled)).max() < 1e-3  # every logit sits at an edge
+    above, below = scaled[row == np.nextafter(edges[700], np.float32(np.inf))], scaled[row == np.nextafter(edges[700], np.float32(-np.inf))]
+    assert np.floor(above[0]) != np.floor(below[0])  # an edge's float32 neighbours fall into different bins
+    z = _book_cumulative(row, SamplingParams(0.8, 0, 0.95), tempered=False)
+    ordered = np.sort(row)[::-1]
+    r = int(np.searchsorted(z, 0.95 * z[-1]))
+    group = np.flatnonzero(ordered == ordered[r])
+    r = int(group[len(group) // 2])  # a cut in the middle of the tie group there: top-p just under z[r] / Z
+    p = SamplingParams(0.8, 0, float(z[r] / z[-1] * (1 - 1e-9)))
+    ids, _ = reference_distribution(row, p)
+    assert len(ids) == r + 1
+    edge = row[ids[-1]]
+    assert np.count_nonzero(row[ids] == edge) < np.count_nonzero(row == edge)  # the cut splits a tie group
+    cum = _book_cumulative(row, p, tempered=True)
+    picks = (len(cum) - 2, len(cum) - 60, len(cum) // 3, 5)
+    us = [cum[i] / cum[-1] * (1 + side * 1e-6) for i in picks for side in (-1, 1)]
+    for u in us:
+        tok, flat = sample_flat(row, p.top_p, p.min_p, p.temperature, u)
+        assert flat and tok == reference_sample(row, p, u), u
+    for i in (len(z) // 2, int(0.9 * len(z))):  # top-p cuts aimed 1e-6 either side of a running weight
+        for side in (-1, 1):
+            q = SamplingParams(1.3, 0, float(z[i] / z[-1] * (1 + side * 1e-6)))
+            tok, _ = sample_flat(row, q.top_p, q.min_p, q.temperature, 0.999)
+            assert tok == reference_sample(row, q, 0.999), (i, side)
