@@ -11,10 +11,20 @@ weighted selections, made here in a few O(V) NumPy passes:
   exceeds ``u * Z2`` (``Z2``: the kept set's tempered total).
 
 Every token goes to one of ``BINS`` equal-width logit bins (bin 0 holds the top; a bin
-is a range of logits, so the bins are in the book's order), and one weighted
-``bincount`` per weight gives each bin's exact mass. The bin where a cumulative mass
+is a range of logits, so the bins are in the book's order), and one scatter
+(``np.add.at``) of both weights at once, as the real and imaginary parts of one complex
+number per token, gives each bin's exact mass of each. The bin where a cumulative mass
 crosses its target is the only part that needs ordering: its tokens' logits are sorted
 (a few hundred on a flat row) and ties go by id among the tokens of the drawn logit.
+
+What a row costs is the sweep: per token, the book's two float64 terms (an ``exp`` each),
+the bin and the scatter. The terms cannot be cheaper: both decisions compare running sums
+with a fraction of a total (``Z``, ``Z2``) over most of the vocabulary, and a flat row's
+deciding token weighs 1e-6 to 3e-6 of that total (normal logits at 151,936 and 248,320
+tokens, top-p 0.95 keeping 56-85%), so a total known only to a float32 ``exp``'s accuracy
+(half a float32 step, 6e-8, per term at best, before the argument's own rounding) would
+leave a large share of decisions open; bounds from the bins' edges are looser still (a bin
+is ``range / 2046`` of a logit wide).
 
 Exactness. The book compares sequential float64 cumulative sums; these are other sums of
 the same float64 terms (the same ``exp`` of the same differences). Any sum of at most ``n``
