@@ -22,7 +22,9 @@ setting times every Sampler call inside the same loop (this thread's CPU time:
 other processes do not count), counts its paths (``Sampler.paths``: ``flat`` =
 speculative/sampling_flat.py, ``flat-open`` = a decision within rounding left
 to the book's sort, ``window`` etc. = kept_set's) and measures the share of the
-vocabulary the book keeps on the first ``--kept-rows`` rows.
+vocabulary the book keeps on the first ``--kept-rows`` rows; ``alone`` is the
+median over those rows of the same Sampler call outside the loop (best of 5
+each): the row function's own cost, without the cold caches a decode leaves.
 
     .venv/bin/python benchmarks/speed/bench_flat_topp.py --json flat_topp.json
     .venv/bin/python benchmarks/speed/bench_flat_topp.py --rounds 1 --tokens 16   # smoke
@@ -119,9 +121,24 @@ def main(argv=None) -> int:
             rows.append(logits.copy())
         return tok
 
+    def alone_us(sp, rows) -> list[float]:
+        """Each kept row sampled alone, outside the loop (best of 5, this thread's CPU time): the row function's
+        own cost, without the caches the decode between rows empties."""
+        s = Sampler(sp)
+        untimed(s, rows[0])  # the state a row in the loop meets (after a flat row: no window first)
+        out = []
+        for r in rows:
+            best = float("inf")
+            for _ in range(5):
+                t = time.thread_time()
+                untimed(s, r)
+                best = min(best, time.thread_time() - t)
+            out.append(best * 1e6)
+        return out
+
     report = {"model": path.name, "vocab": model.n_vocab, "tokens": a.tokens, "rounds": a.rounds, "threads": a.threads,
               "norm_scale": a.norm_scale, "loadavg_before": list(load0), "loadavg_after": list(load1), "settings": {}}
-    print(f"{'setting':8s} {'tok/s':>8s} {'x greedy':>9s} {'µs/row med':>11s} {'p90':>7s} {'kept share':>11s}  paths")
+    print(f"{'setting':8s} {'tok/s':>8s} {'x greedy':>9s} {'µs/row med':>11s} {'p90':>7s} {'alone':>7s} {'kept share':>11s}  paths")
     Sampler.__call__ = timed
     try:
         for name, sp in params.items():
@@ -132,10 +149,11 @@ def main(argv=None) -> int:
                 us = sorted(t * 1e6 for t in times[1:])  # [0]: the prefill row
                 shares = [len(reference_distribution(r, sp)[0]) / len(r) for r in rows]
                 row.update(us_median=statistics.median(us), us_p90=us[int(0.9 * (len(us) - 1))], paths=dict(sampler.paths),
-                           kept_share_median=statistics.median(shares), kept_share_min=min(shares))
+                           kept_share_median=statistics.median(shares), kept_share_min=min(shares),
+                           us_alone_median=statistics.median(alone_us(sp, rows[1:])))
             report["settings"][name] = row
-            extra = (f"{row['us_median']:11.0f} {row['us_p90']:7.0f} {row['kept_share_median']:11.2f}  {row['paths']}"
-                     if "paths" in row else f"{'':11s} {'':7s} {'':11s}")
+            extra = (f"{row['us_median']:11.0f} {row['us_p90']:7.0f} {row['us_alone_median']:7.0f} "
+                     f"{row['kept_share_median']:11.2f}  {row['paths']}" if "paths" in row else f"{'':11s} {'':7s} {'':7s} {'':11s}")
             print(f"{name:8s} {row['tok_s']:8.1f} {row['ratio']:9.2f} {extra}", flush=True)
     finally:
         Sampler.__call__ = untimed
