@@ -43,6 +43,7 @@ def files(tiny_dir, tiny_target, tiny_qwen35, tiny_qwen35_mtp_agree, tiny_qwen3n
         "qwen35-mtp": (tiny_qwen35_mtp_agree, None),
         "qwen35-dflash": (tiny_qwen35, write_dflash(tiny_dir / "slots-q35-dflash.gguf", DFlashSpec(target_layers=[1, 3, 5], block_size=8, seed=5))),
         "qwen3next-ngram": (tiny_qwen3next, None),
+        "qwen3next-dflash": (tiny_qwen3next, write_dflash(tiny_dir / "slots-q3n-dflash.gguf", DFlashSpec(target_layers=[1, 3, 5], block_size=8, seed=6))),
     }
 
 
@@ -61,7 +62,7 @@ def _check(opts: dict, slots: int, cases: tuple[str, ...]) -> dict:
 
 
 KINDS = ["none", "ngram", "draft", "dflash", "dflash2", "dflash+ngram", "eagle3",
-         "qwen35-none", "qwen35-ngram", "qwen35-draft", "qwen35-mtp", "qwen35-dflash", "qwen3next-ngram"]
+         "qwen35-none", "qwen35-ngram", "qwen35-draft", "qwen35-mtp", "qwen35-dflash", "qwen3next-ngram", "qwen3next-dflash"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
