@@ -48,7 +48,8 @@ def exact_options(exact: bool, arch: str | None = None, pad: bool = True) -> tup
     so speculative greedy output equals plain greedy output byte for byte, at any thread
     count: no CPU weight repacking; ggml's tiled K-quant matmul off (process-wide, see
     ``use_exact_numerics``); flash attention on (without it K·Q goes through a matmul whose
-    kernel depends on the batch); and no one-row decodes (padded to two rows, which keeps them
+    kernel depends on the batch); micro-batches of at most EXACT_MAX_ROWS rows (open_engine: a prompt
+    chunk of 64+ rows would take ggml's tiled flash attention, which rounds differently); and no one-row decodes (padded to two rows, which keeps them
     on the batch kernels: llamafile's sgemm and the unsplit attention; ``pad``, see
     ``exact_row_padding``: not needed for a K-quant file at one thread). Recurrent/hybrid
     targets cannot drop a padding row, so they decode one row on one thread instead (the
@@ -184,12 +185,15 @@ def open_engine(cfg: RunConfig, target=None):
                                                          devices=drafter_devices))
     n_rs = plan.n_rs_seq  # the plan prices it; a hybrid target's verify cut goes back at most max_draft
     n_seq = max(1, cfg.parallel)
+    # exact mode: no micro-batch reaches ggml's tiled flash attention (64+ query rows), so a prompt's rows
+    # round the same however it is chunked: alone, or riding in a slot pool's steps beside other sequences
+    n_ubatch = min(plan.n_ubatch, EXACT_MAX_ROWS) if cfg.exact else plan.n_ubatch
     ctx = Context(
         target,
         ContextOptions(
             n_ctx=plan.n_ctx,
             n_batch=plan.n_batch,
-            n_ubatch=plan.n_ubatch,
+            n_ubatch=n_ubatch,
             n_outputs_max=max(min(n_seq * max(max_draft + 1, 1), plan.n_batch), tree + 1, MAX_LEAVES if tree else 1),  # >= n_seq_max
             n_seq_max=MAX_LEAVES if tree else n_seq,
             kv_unified=bool(tree),  # slots: one KV stream each, cells laid out as in a context of its own; a tree: shared cells
@@ -208,7 +212,7 @@ def open_engine(cfg: RunConfig, target=None):
         group = make_slot_drafters(spec, target, ctx, drafter_model, n_seq, n_ctx=drafter_ctx, max_draft=max_draft,
                                    threads=cfg.threads, p_min=cfg.p_min, kv=plan.type_k)
         pool = SlotPool(target, ctx, group.drafters, adaptive=cfg.adaptive, draft_max=max_draft,
-                        max_rows=EXACT_MAX_ROWS if cfg.exact else None, n_ubatch=plan.n_ubatch, group=group)
+                        max_rows=EXACT_MAX_ROWS if cfg.exact else None, n_ubatch=n_ubatch, group=group, exact=cfg.exact)
         pool.plan = plan
         return pool
     drafter = make_drafter(spec, target, ctx, drafter_model, n_ctx=drafter_ctx, max_draft=max_draft, threads=cfg.threads,

@@ -355,8 +355,8 @@ class Generation:
         eng = self.session.engine
         step = eng.ctx.n_batch
         start, end = self.cached_tokens, len(self.prompt) - 1
-        if self.cancel is None or end - start <= 2 * step:
-            return 0.0
+        if self.cancel is None or end - start <= 2 * step or getattr(eng, "pool", None) is not None:
+            return 0.0  # a parallel slot's pool prefills in chunks itself and sees the cancel before each
         t0 = time.perf_counter()
         scratch = Stats()
         for upto in range(start + step, end, step):

@@ -159,7 +159,7 @@ def decode_views(ctx, parts: list[tuple[SeqView, list[int], int, bool | str]]) -
         toks += [toks[-1]] * pad
         pos += range(start, start + pad)
         seqs += [view.seq] * pad
-        flags += [1] * pad
+        flags += [int(n_out > 0)] * pad  # outputs too if the real rows have any: the head multiplies a batch
     ctx.decode_rows(toks, np.asarray(pos, np.int32), seqs, flags)
     for view, row0, out0, n, outs, start in spans:
         view._decoded(start, n)

@@ -18,6 +18,7 @@ from localflash.llama import Context, Model
 from localflash.speculative.adapt import DraftPolicy
 from localflash.speculative.drafter import Drafter
 from localflash.speculative.graph_sampler import GraphSampler, request_sampler
+from localflash.speculative.prefill import PromptFill
 from localflash.speculative.sampling import SamplingParams
 from localflash.speculative.stats import Stats
 
@@ -137,25 +138,10 @@ class Engine:
 
     def _prefill(self, prompt: list[int], st: Stats):
         """Decode the part of ``prompt`` not already cached; return the last row's logits (None: sampled in the graph)."""
-        keep = _common_prefix(self.tokens, prompt)
-        if keep == len(prompt):
-            keep -= 1  # at least one token must be decoded to get fresh logits
-        keep = st.cached_tokens = self.ctx.rewind(keep)  # recurrent memory may resume earlier: its newest valid checkpoint
-        self.drafter.rollback(keep)
-        del self.tokens[keep:]
-        n_batch = self.ctx.n_batch
-        # recurrent memory: save the state before the prompt's last token, where a later prompt that
-        # repeats this one or continues it (the next chat turn) can resume
-        split = len(prompt) - 1 if self.ctx.recurrent and keep < len(prompt) - 1 else len(prompt)
-        for lo, hi in ((keep, split), (split, len(prompt))):
-            for off in range(lo, hi, n_batch):
-                chunk = prompt[off : min(hi, off + n_batch)]
-                final = off + len(chunk) == len(prompt)
-                self.ctx.decode(chunk, off, "last" if final else "none")
-                self.tokens += chunk
-                self.drafter.on_target_decode(self.ctx, off, len(chunk))
-            if hi < len(prompt):
-                self.ctx.checkpoint()
+        fill = PromptFill(self, prompt, st)
+        while not fill.complete:
+            self.ctx.decode(*fill.chunk(self.ctx.n_batch))
+            fill.decoded()
         logits = None if self.sample_in_graph else self.ctx.logits(-1)
         self.drafter.on_prompt(prompt)
         return logits
@@ -225,12 +211,3 @@ def verify_block(ctx: Context, draft: list[int], sample, is_eog) -> list[int]:
     if graph:
         ctx.accept_sampled(new)
     return new
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -10,8 +10,11 @@ step at a time by one :class:`~localflash.speculative.group.DrafterGroup`: DFlas
 model's and MTP's sit on sequence i of one shared drafter context, so every slot's drafts (and
 their intake of the target's rows) cost one decode for all slots, not one per slot.
 
-The pool's thread alternates between letting one waiting request in (its prompt prefilled
-on its own sequence, chunked as a one-slot engine chunks it) and a *step*: every active
+The pool's thread runs *steps*. A waiting request joins at a step boundary: its prompt is
+prefilled on its own sequence in chunks (:class:`~localflash.speculative.prefill.PromptFill`, the
+one-slot engine's schedule), each chunk one more part of a step's ``llama_decode``, so the
+decoding slots go on while it fills (continuous batching; see :meth:`SlotPool._prefill_rows` for
+how many prompt rows a step takes). In a step every active
 slot drafts ``min(k, its limit)`` tokens (``k`` chosen for the step as a whole by
 :class:`~localflash.speculative.step_policy.StepPolicy`), one ``llama_decode`` carries
 ``[last] + draft`` of every slot (just ``[last]`` where k is 0), each slot's rows are
@@ -33,12 +36,14 @@ from localflash.errors import LocalflashError
 from localflash.llama.sequences import SeqView, decode_views
 from localflash.speculative.group import DrafterGroup
 from localflash.speculative.loop import Engine, check_prompt, verify_block
+from localflash.speculative.prefill import PromptFill
 from localflash.speculative.sampling import Sampler
 from localflash.speculative.stats import Stats
 from localflash.speculative.step_policy import StepPolicy
 
 
 BACKLOG = 8  # emits a slot may run ahead of its reader; a cancel is seen by the pool itself before every step
+PREFILL_MIN_ROWS = 16  # a joining prompt's chunk in a step with decoding slots is never smaller (it always gets on)
 
 
 class _Request:
@@ -52,7 +57,9 @@ class _Request:
         self.out: queue.Queue = queue.Queue()
         self.cancelled = False
         self.idle = threading.Event()  # set once the pool let go of the request (its slot is consistent)
-        self.state = "waiting"  # waiting | decode
+        self.state = "waiting"  # waiting | prefill | decode
+        self.fill: PromptFill | None = None  # while prefilling: the prompt's progress
+        self.t_fill = 0.0
         self.history: list[int] = []
         self.last = -1
         self.t_start = 0.0
@@ -109,10 +116,12 @@ class SlotPool:
     """N slots on one target context; see the module docstring."""
 
     def __init__(self, target, ctx, drafters: list, adaptive: bool = True, draft_max: int | None = None,
-                 max_rows: int | None = None, n_ubatch: int = 512, group: DrafterGroup | None = None):
+                 max_rows: int | None = None, n_ubatch: int = 512, group: DrafterGroup | None = None, exact: bool = False):
         self.target = target
         self.ctx = ctx
         self.group = group or DrafterGroup(drafters)  # drafts and intakes of a whole step (speculative/group.py)
+        self.n_ubatch = n_ubatch
+        self.exact = exact  # batch-invariant numerics asked for (a joining prompt's chunks on a recurrent target go alone)
         self.slots = [SlotEngine(self, i, target, SeqView(ctx, i, n_ubatch), d, adaptive, draft_max) for i, d in enumerate(drafters)]
         top = self.slots[0].policy.max_draft
         rows = min(ctx.n_batch, ctx.n_outputs_max, max_rows or ctx.n_batch)
@@ -169,10 +178,10 @@ class SlotPool:
         for s in self.slots:
             req = s.request
             st = req.stats if req is not None else None
-            d = {"id": s.index, "state": "idle" if req is None else ("prefill" if req.state == "waiting" else "decoding"),
+            d = {"id": s.index, "state": "idle" if req is None else ("prefill" if req.state in ("waiting", "prefill") else "decoding"),
                  "n_cached": len(s.tokens), "n_ctx": s.ctx.n_ctx, "drafter": s.drafter.name if s.policy.max_draft else "none"}
             if st is not None:
-                d.update(prompt_tokens=len(req.prompt), generated=st.generated, max_tokens=req.max_tokens, tau=round(st.tau, 3),
+                d.update(prompt_tokens=len(req.prompt), prompt_done=req.fill.done if req.fill is not None else 0, generated=st.generated, max_tokens=req.max_tokens, tau=round(st.tau, 3),
                          drafted=st.drafted, accepted=st.accepted, t_prefill=round(st.t_prefill, 4),
                          t_decode=round(time.perf_counter() - req.t_start, 4) if req.t_start else 0.0)
             out.append(d)
@@ -191,7 +200,7 @@ class SlotPool:
         try:
             while True:
                 with self._cv:
-                    while not (self._calls or self._joining or self._ready() or self._closing or self._cancelled()):
+                    while not (self._calls or self._joining or self._ready() or self._filling() or self._closing or self._cancelled()):
                         self._cv.wait()
                     if self._closing:
                         break
@@ -203,13 +212,13 @@ class SlotPool:
                         box["error"] = e
                     done.set()
                 self._reap()
-                if self._joining:
-                    with self._cv:
-                        slot = self._joining.pop(0)
-                    self._guarded([slot], lambda: self._admit(slot))
-                active = self._ready()
-                if active:
-                    self._guarded(active, lambda: self._step(active))
+                with self._cv:
+                    joining, self._joining = self._joining, []
+                for slot in joining:
+                    self._guarded([slot], lambda slot=slot: self._admit(slot))
+                active, filling = self._ready(), self._filling()
+                if active or filling:
+                    self._guarded(active + filling, lambda: self._step(active, filling))
         finally:
             with self._cv:
                 self.alive = False
@@ -224,6 +233,10 @@ class SlotPool:
     def _ready(self) -> list[SlotEngine]:
         """Decoding slots whose caller is at most BACKLOG emits behind (a slow reader holds back only its own slot)."""
         return [s for s in self.slots if s.request is not None and s.request.state == "decode" and s.request.out.qsize() < BACKLOG]
+
+    def _filling(self) -> list[SlotEngine]:
+        """Slots whose request's prompt is going in (a chunk in each step)."""
+        return [s for s in self.slots if s.request is not None and s.request.state == "prefill"]
 
     def _cancelled(self) -> bool:
         return any(s.request is not None and (s.request.cancelled or (s.request.cancel is not None and s.request.cancel.is_set()))
@@ -289,7 +302,7 @@ class SlotPool:
         self.calibrated = True
 
     def _admit(self, slot: SlotEngine) -> None:
-        """Prefill the joining request's prompt on its slot and emit its first token."""
+        """Let a joining request in: the cache cut back to the part of its prompt it reuses, its prefill begun."""
         req = slot.request
         if req is None or req.cancelled:
             return
@@ -299,10 +312,89 @@ class SlotPool:
             self._calibrate(slot)
             st.t_calibrate = time.perf_counter() - t_cal  # the pool's one-off cost, paid by the request that met it
         st.drafter = slot.drafter.name if slot.policy.max_draft else "none"
-        t0 = time.perf_counter()
+        req.t_fill = time.perf_counter()
         req.counts0 = dict(slot.ctx.counts)
-        last = req.sample(Engine._prefill(slot, req.prompt, st))
-        st.t_prefill = time.perf_counter() - t0
+        req.fill = PromptFill(slot, req.prompt, st)
+        req.state = "prefill"
+
+    def _prefill_rows(self, step_rows: int) -> int:
+        """How many prompt rows (all joining prompts together) a step of ``step_rows`` decoding rows takes.
+
+        No decoding rows: ``n_batch`` (nothing waits, as a one-slot engine fills). Otherwise as many
+        as cost about what the step's own rows cost, so a step that carries a prompt takes at most
+        about twice as long: the step's measured cost over the per-row slope of the measured step
+        costs (StepPolicy's table: calibration and past steps). On a CPU a row costs about the same
+        in any batch, so that is about the step's own rows plus its fixed cost in rows; on a GPU a
+        row is nearly free and it is the cap: the rows left in one micro-batch (n_ubatch). Never
+        fewer than PREFILL_MIN_ROWS (a prompt always gets on), nor past n_batch.
+        """
+        room = self.ctx.n_batch - step_rows
+        if not step_rows and not any(s.request is not None and s.request.state == "decode" for s in self.slots):
+            return room  # (a decoding slot whose reader is behind sits this step out: it still counts)
+        step_rows = max(step_rows, 1)
+        cap = max(PREFILL_MIN_ROWS, self.n_ubatch - step_rows)
+        table = self.policy.verify
+        sizes = sorted(table.ema)
+        rows = cap
+        if len(sizes) >= 2 and sizes[-1] > sizes[0]:
+            slope = (table.ema[sizes[-1]] - table.ema[sizes[0]]) / (sizes[-1] - sizes[0])
+            own = table(step_rows)
+            if slope > 0 and own:
+                rows = min(cap, int(own / slope))
+        return max(0, min(room, max(PREFILL_MIN_ROWS, rows)))
+
+    def _fill_parts(self, filling: list[SlotEngine], step_rows: int, step_outputs: int) -> list:
+        """The next chunk of each joining prompt for this step's decode, within :meth:`_prefill_rows`."""
+        budget = self._prefill_rows(step_rows)
+        outs = self.ctx.n_outputs_max - step_outputs
+        parts = []
+        for s in filling:
+            if budget <= 0:
+                break
+            tokens, start, outputs = s.request.fill.chunk(budget)
+            if outputs == "last" and outs <= 0:  # no output row left in this decode: the prompt's last token waits a step
+                continue
+            outs -= outputs == "last"
+            budget -= len(tokens)
+            parts.append((s, (s.ctx, tokens, start, outputs)))
+        return parts
+
+    def _decode_with_fills(self, parts: list, filling: list[SlotEngine]) -> int:
+        """One decode: the step's ``parts`` and the joining prompts' next chunks; returns the prompt rows it carried.
+
+        The joining slots' bookkeeping runs right after it, before anything else decodes on the
+        target (a prompt's last row is sampled from this decode's logits).
+        """
+        step_rows = sum(len(p[1]) for p in parts)
+        step_outputs = sum(len(p[1]) if p[3] in (True, "all") else 1 for p in parts)
+        fills = self._fill_parts(filling, step_rows, step_outputs)
+        # exact mode on a recurrent target: each chunk in a decode of its own, just before the step's. In
+        # one decode with other sequences, llama.cpp's equal split can leave some prompt rows a one-row
+        # micro-batch that a lone prefill does not have, and one row takes another matmul kernel (vec_dot,
+        # not sgemm) there: a hybrid's exactness holds for equal row counts (engine.exact_options)
+        alone = [f for f in fills if self.exact and f[1][0].recurrent]
+        for s, part in alone:
+            decode_views(self.ctx, [part])
+            self._filled(s)
+        fills = [f for f in fills if f not in alone]
+        if parts or fills:
+            decode_views(self.ctx, parts + [f for _, f in fills])
+        for s, _part in fills:
+            self._filled(s)
+        return sum(len(f[1]) for _, f in fills + alone)
+
+    def _filled(self, s: SlotEngine) -> None:
+        s.request.fill.decoded()
+        if s.request.fill.complete:
+            self._first_token(s)
+
+    def _first_token(self, slot: SlotEngine) -> None:
+        """The joining prompt is in: sample and emit its first token; the request decodes from the next step."""
+        req, st = slot.request, slot.request.stats
+        last = req.sample(slot.ctx.logits(-1))
+        slot.drafter.on_prompt(req.prompt)
+        req.fill = None
+        st.t_prefill = time.perf_counter() - req.t_fill
         st.prompt_tokens = len(req.prompt)
         req.history = req.prompt + [last]
         req.last = last
@@ -319,8 +411,8 @@ class SlotPool:
             return
         req.state = "decode"
 
-    def _step(self, active: list[SlotEngine]) -> None:
-        """One batched draft–verify cycle over every active slot."""
+    def _step(self, active: list[SlotEngine], filling: list[SlotEngine] = ()) -> None:
+        """One batched draft–verify cycle over every active slot (``filling``: joining prompts riding along)."""
         plans = []
         for s in active:
             req, n_past = s.request, len(s.tokens)
@@ -335,6 +427,7 @@ class SlotPool:
                 limit = 0
             plans.append([s, n_past, max(0, limit), [], 0.0])
         if not plans:
+            self._decode_with_fills([], filling)
             return
         k = self.policy.choose([(p[0].policy, p[2]) for p in plans])
         asking = [p for p in plans if min(k, p[2])]
@@ -348,7 +441,7 @@ class SlotPool:
             if draft and s.ctx.recurrent and len(draft) > s.ctx.n_rs_seq:
                 s.ctx.checkpoint(transient=True)  # no snapshot reaches back (qwen3next): restore + replay on a miss
         tv = time.perf_counter()
-        decode_views(self.ctx, [(p[0].ctx, [p[0].request.last] + p[3], p[1], bool(p[3])) for p in plans])
+        prompt_rows = self._decode_with_fills([(p[0].ctx, [p[0].request.last] + p[3], p[1], bool(p[3])) for p in plans], filling)
         rows = sum(1 + len(p[3]) for p in plans)
         verified = []
         for s, n_past, _limit, draft, _td in plans:
@@ -357,7 +450,8 @@ class SlotPool:
             s.tokens += [s.request.last] + draft[:m]
             verified.append(new)
         t_decode = time.perf_counter() - tv
-        self.policy.record(rows, t_decode)
+        if not prompt_rows:  # the step costs by rows are of steps alone
+            self.policy.record(rows, t_decode)
         self.steps += 1
         self.rows_decoded += rows
         # cuts that need no decode first, right after the decode whose rows (snapshots, layer inputs) they use, then

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 
 PROMPTS = [
     "the clam river stone quiet",
@@ -23,6 +24,10 @@ PROMPTS = [
     "seven garden",
 ]
 LENGTHS = [40, 24, 56, 32, 16]  # mixed lengths: short ones finish while long ones run
+LONG = " ".join(PROMPTS * 30)  # a joining prompt of many chunks (~1,500 tokens; exact mode: micro-batches of 63 rows)
+DROPPED = "quiet " + LONG  # cancelled mid-prefill (not LONG's cached prefix: its prefill starts at 0)
+AFTER = "quiet " + " ".join(PROMPTS * 15) + " cold bright window"  # reuses the part of DROPPED that a cancel left in the cache
+LATE = {LONG: 12, AFTER: 12}  # the prefill case's reply lengths
 
 
 def sampled(i: int) -> dict:
@@ -37,6 +42,73 @@ def solo(opts: dict) -> tuple[list, list]:
         greedy = [llm.generate(p, max_tokens=n).token_ids for p, n in zip(PROMPTS, LENGTHS)]
         seeded = [llm.generate(p, max_tokens=n, **sampled(i)).token_ids for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS))]
     return greedy, seeded
+
+
+def solo_late(opts: dict) -> dict:
+    from localflash.api import load
+
+    with load(**opts, parallel=1) as llm:
+        return {"long": llm.generate(LONG, max_tokens=LATE[LONG]).token_ids, "after": llm.generate(AFTER, max_tokens=LATE[AFTER]).token_ids}
+
+
+def joining(llm) -> dict:
+    """Slot 0 streams while LONG joins on slot 1, then while DROPPED, cancelled mid-prefill, frees slot 1 for AFTER.
+
+    Returns the steps decoded and what slot 0 emitted while LONG was prefilling, the prompt tokens done that slot 1's /slots
+    entry showed meanwhile, LONG's reply, the cancelled request's finish and AFTER's reply.
+    """
+    emits: list[float] = []
+    seen: list[int] = []
+    started, stop, first = threading.Event(), threading.Event(), threading.Event()
+
+    def stream():
+        while not stop.is_set():
+            gen = llm.start(PROMPTS[2], raw=True, max_tokens=200, slot=0)
+            for _chunk in gen:
+                emits.append(time.perf_counter())
+                started.set()
+                if stop.is_set():
+                    gen.close()  # the client leaves: the slot is freed before the next step
+                    break
+
+    def watch():  # what /slots shows for slot 1 until its first token
+        while not first.is_set():
+            s1 = llm.slots()[1]
+            if s1["state"] == "prefill":
+                seen.append(s1.get("prompt_done", -1))
+            time.sleep(0.0005)
+
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+    started.wait()
+    out: dict = {"long_tokens": llm.count_tokens(LONG, raw=True)}
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    t0, steps0 = time.perf_counter(), llm.pool.steps
+    gen = llm.start(LONG, raw=True, max_tokens=LATE[LONG], slot=1)
+    next(gen)
+    t1, out["steps_during_prefill"] = time.perf_counter(), llm.pool.steps - steps0
+    first.set()
+    watcher.join()
+    out["emits_during_prefill"] = sum(t0 < t < t1 for t in emits)
+    out["prefill_done_seen"] = sorted(set(seen))
+    out["long"] = gen.completion().token_ids
+    cancel = threading.Event()
+    box: dict = {}
+    waiting = threading.Thread(target=lambda: box.update(c=llm.start(DROPPED, raw=True, max_tokens=8, slot=1, cancel=cancel).completion()))
+    waiting.start()
+    deadline = time.time() + 30
+    while time.time() < deadline and not (llm.slots()[1]["state"] == "prefill" and llm.slots()[1].get("prompt_done", 0) >= 300):
+        time.sleep(0.0005)
+    cancel.set()
+    waiting.join()
+    out["cancelled_finish"], out["cancelled_tokens"] = box["c"].finish_reason, len(box["c"].token_ids)
+    out["cached_after_cancel"] = llm.slots()[1]["n_cached"]
+    out["slot_after_cancel"] = llm.slots()[1]["state"]
+    out["after"] = llm.start(AFTER, raw=True, max_tokens=LATE[AFTER], slot=1).completion().token_ids
+    stop.set()
+    streamer.join()
+    return out
 
 
 def concurrent(llm, n_slots: int, with_seeds: bool) -> list:
@@ -73,8 +145,15 @@ def main(spec: dict) -> dict:
 
     opts = {k: v for k, v in spec.items() if k not in ("slots", "cases")}
     n = spec.get("slots", 4)
-    greedy, seeded = solo(opts)
+    cases = spec.get("cases", ())
+    greedy, seeded = solo(opts) if "prefill" not in cases else ([], [])
     res: dict = {"solo_greedy": greedy, "solo_sampled": seeded}
+    if "prefill" in cases:  # a case of its own: the long prompts alone first, then joining
+        res["solo_late"] = solo_late(opts)
+        with load(**opts, parallel=n) as llm:
+            res |= joining(llm)
+            res["idle"] = all(s["state"] == "idle" for s in llm.slots())
+        return res
     with load(**opts, parallel=n) as llm:
         res["n_slots"] = llm.n_slots
         res["info_slots"] = llm.info().slots

@@ -22,7 +22,7 @@ from localflash.llama import Context, ContextOptions, Model
 from localflash.llama.rollback import RecurrentCache, StateCheckpoint
 from localflash.config import config_from
 from localflash.engine import open_engine
-from localflash.speculative.loop import _common_prefix
+from localflash.speculative.prefill import _common_prefix
 from localflash.speculative.sampling import SamplingParams
 from localflash.speculative.stats import Stats
 

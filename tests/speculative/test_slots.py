@@ -104,3 +104,28 @@ def test_the_pools_calibration_is_reported_by_the_request_that_met_it(files):
         second = llm.generate("the clam river stone", max_tokens=6).stats
     assert first.t_calibrate > 0 and second.t_calibrate == 0
     assert "calibration" in first.summary() and "calibration" not in second.summary()
+
+
+@pytest.mark.parametrize("kind", ["ngram", "dflash", "qwen35-ngram"])
+def test_a_long_prompt_joins_in_chunks_while_another_slot_streams(files, kind):
+    """The joining prompt rides in the streaming slot's steps (continuous batching), not ahead of them.
+
+    Slot 0 streams the whole time. A prompt of many chunks joins on slot 1: slot 0's steps go on
+    (and it gets emits) between the join and the joiner's first token, and /slots shows slot 1 in state ``prefill`` at
+    more than one count of prompt tokens done. Its reply equals its reply alone. Then a request on
+    slot 1 is cancelled mid-prefill: its slot is freed, and the next request there, whose prompt
+    shares a prefix with the cancelled one (the part already in the cache is reused), still gets
+    its solo reply.
+    """
+    r = _check(_options(files, kind) | {"ctx": 4096}, 2, ("prefill",))
+    n = r["long_tokens"]
+    assert n > 10 * 63  # many of exact mode's 63-row micro-batches
+    assert r["steps_during_prefill"] >= 5 and r["emits_during_prefill"] > 0  # whole-prompt admission: at most one step
+    partial = [d for d in r["prefill_done_seen"] if 0 < d < n]
+    assert len(partial) >= 2, r["prefill_done_seen"]
+    solo = r["solo_late"]
+    assert r["long"] == solo["long"]
+    assert r["cancelled_finish"] == "cancelled" and r["cancelled_tokens"] == 0
+    assert r["slot_after_cancel"] == "idle" and 0 < r["cached_after_cancel"] < n  # a prefix of it stays cached, consistent
+    assert r["after"] == solo["after"]
+    assert r["idle"]

@@ -1,0 +1,72 @@
+"""A prompt's prefill, chunk by chunk: what the one-stream loop does in one call and a slot pool spreads over its steps.
+
+:class:`PromptFill` holds the schedule and the bookkeeping; who decodes each chunk is the caller's
+choice. :meth:`~localflash.speculative.loop.Engine._prefill` decodes chunks of ``n_batch`` back to
+back; :class:`~localflash.speculative.slots.SlotPool` adds a joining request's next chunk to the
+step's one ``llama_decode`` (continuous batching), so the other slots keep decoding while it fills.
+
+Either way the prompt goes in as the loop has always put it: the part already cached is kept
+(the common prefix, as far back as the cache can cut: a recurrent target resumes at its newest
+checkpoint), the drafter sees each chunk (``on_target_decode``: DFlash reads its layer features
+there), and on a recurrent target the chunks end right before the prompt's last token, where a
+checkpoint of the state is kept for a later prompt that repeats or continues this one; the last
+token is then a chunk of its own (its row is the one output).
+"""
+
+from __future__ import annotations
+
+
+class PromptFill:
+    """``prompt`` going into ``engine``'s cache (an Engine: its ``ctx``, ``tokens`` and ``drafter``).
+
+    Making one cuts the cache back to the part it reuses (``st.cached_tokens``). Then, until
+    :attr:`complete`: :meth:`chunk` names the next tokens to decode, the caller decodes them on
+    ``engine.ctx`` (outputs ``last`` on the final chunk, else ``none``), and :meth:`decoded` records them.
+    """
+
+    def __init__(self, engine, prompt: list[int], st):
+        self.engine = engine
+        self.prompt = prompt
+        keep = _common_prefix(engine.tokens, prompt)
+        if keep == len(prompt):
+            keep -= 1  # at least one token must be decoded to get fresh logits
+        keep = st.cached_tokens = engine.ctx.rewind(keep)  # recurrent memory may resume earlier: its newest valid checkpoint
+        engine.drafter.rollback(keep)
+        del engine.tokens[keep:]
+        self.done = keep  # prompt tokens in the cache
+        # recurrent memory: save the state before the prompt's last token, where a later prompt that
+        # repeats this one or continues it (the next chat turn) can resume
+        self.split = len(prompt) - 1 if engine.ctx.recurrent and keep < len(prompt) - 1 else len(prompt)
+        self._pending = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.done == len(self.prompt)
+
+    def chunk(self, rows: int) -> tuple[list[int], int, str]:
+        """The next at most ``rows`` tokens: (tokens, their first position, outputs); never across the split."""
+        end = self.split if self.done < self.split else len(self.prompt)
+        hi = min(end, self.done + max(1, rows))
+        if end - hi == 1 and hi - self.done > 1:
+            hi -= 1  # no one-row chunk left over before ``end``: one row would take another matmul kernel
+        self._pending = hi - self.done
+        return self.prompt[self.done : hi], self.done, "last" if hi == len(self.prompt) else "none"
+
+    def decoded(self) -> None:
+        """The last :meth:`chunk` is in the cache: the drafter sees it; at the split the state is checkpointed."""
+        eng, off, n = self.engine, self.done, self._pending
+        eng.tokens += self.prompt[off : off + n]
+        self.done += n
+        self._pending = 0
+        eng.drafter.on_target_decode(eng.ctx, off, n)
+        if self.done == self.split < len(self.prompt):
+            eng.ctx.checkpoint()
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
