@@ -15,6 +15,34 @@ token is then a chunk of its own (its row is the one output).
 
 from __future__ import annotations
 
+PREFILL_MIN_ROWS = 16  # a joining prompt's chunk in a step with decoding slots is never smaller (it always gets on)
+
+
+def prefill_rows(costs, step_rows: int, decoding: bool, n_ubatch: int, n_batch: int) -> int:
+    """How many prompt rows (all joining prompts together) a slot pool's step of ``step_rows`` decoding rows takes.
+
+    No slot decoding (``decoding`` False): ``n_batch``, as a one-slot engine fills (nothing waits).
+    Otherwise as many as cost about what the step's own rows cost, so a step that carries a prompt
+    takes at most about twice as long: the step's cost over the per-row slope of the measured step
+    costs (``costs``: StepPolicy's CostTable by rows, from calibration and past steps). On a CPU a
+    row costs about the same in any batch, so that is about the step's own rows plus its fixed cost
+    in rows; on a GPU a row is nearly free and the cap decides: the rows left in one micro-batch
+    (``n_ubatch``). Never fewer than PREFILL_MIN_ROWS (a prompt always gets on), nor past ``n_batch``.
+    """
+    room = n_batch - step_rows
+    if not decoding:
+        return room
+    step_rows = max(step_rows, 1)
+    cap = max(PREFILL_MIN_ROWS, n_ubatch - step_rows)
+    sizes = sorted(costs.ema)
+    rows = cap
+    if len(sizes) >= 2 and sizes[-1] > sizes[0]:
+        slope = (costs.ema[sizes[-1]] - costs.ema[sizes[0]]) / (sizes[-1] - sizes[0])
+        own = costs(step_rows)
+        if slope > 0 and own:
+            rows = min(cap, int(own / slope))
+    return max(0, min(room, max(PREFILL_MIN_ROWS, rows)))
+
 
 class PromptFill:
     """``prompt`` going into ``engine``'s cache (an Engine: its ``ctx``, ``tokens`` and ``drafter``).

@@ -13,8 +13,8 @@ their intake of the target's rows) cost one decode for all slots, not one per sl
 The pool's thread runs *steps*. A waiting request joins at a step boundary: its prompt is
 prefilled on its own sequence in chunks (:class:`~localflash.speculative.prefill.PromptFill`, the
 one-slot engine's schedule), each chunk one more part of a step's ``llama_decode``, so the
-decoding slots go on while it fills (continuous batching; see :meth:`SlotPool._prefill_rows` for
-how many prompt rows a step takes). In a step every active
+decoding slots go on while it fills (continuous batching; see
+:func:`~localflash.speculative.prefill.prefill_rows` for how many prompt rows a step takes). In a step every active
 slot drafts ``min(k, its limit)`` tokens (``k`` chosen for the step as a whole by
 :class:`~localflash.speculative.step_policy.StepPolicy`), one ``llama_decode`` carries
 ``[last] + draft`` of every slot (just ``[last]`` where k is 0), each slot's rows are
@@ -36,14 +36,13 @@ from localflash.errors import LocalflashError
 from localflash.llama.sequences import SeqView, decode_views
 from localflash.speculative.group import DrafterGroup
 from localflash.speculative.loop import Engine, check_prompt, verify_block
-from localflash.speculative.prefill import PromptFill
+from localflash.speculative.prefill import PromptFill, prefill_rows
 from localflash.speculative.sampling import Sampler
 from localflash.speculative.stats import Stats
 from localflash.speculative.step_policy import StepPolicy
 
 
 BACKLOG = 8  # emits a slot may run ahead of its reader; a cancel is seen by the pool itself before every step
-PREFILL_MIN_ROWS = 16  # a joining prompt's chunk in a step with decoding slots is never smaller (it always gets on)
 
 
 class _Request:
@@ -317,40 +316,18 @@ class SlotPool:
         req.fill = PromptFill(slot, req.prompt, st)
         req.state = "prefill"
 
-    def _prefill_rows(self, step_rows: int) -> int:
-        """How many prompt rows (all joining prompts together) a step of ``step_rows`` decoding rows takes.
-
-        No decoding rows: ``n_batch`` (nothing waits, as a one-slot engine fills). Otherwise as many
-        as cost about what the step's own rows cost, so a step that carries a prompt takes at most
-        about twice as long: the step's measured cost over the per-row slope of the measured step
-        costs (StepPolicy's table: calibration and past steps). On a CPU a row costs about the same
-        in any batch, so that is about the step's own rows plus its fixed cost in rows; on a GPU a
-        row is nearly free and it is the cap: the rows left in one micro-batch (n_ubatch). Never
-        fewer than PREFILL_MIN_ROWS (a prompt always gets on), nor past n_batch.
-        """
-        room = self.ctx.n_batch - step_rows
-        if not step_rows and not any(s.request is not None and s.request.state == "decode" for s in self.slots):
-            return room  # (a decoding slot whose reader is behind sits this step out: it still counts)
-        step_rows = max(step_rows, 1)
-        cap = max(PREFILL_MIN_ROWS, self.n_ubatch - step_rows)
-        table = self.policy.verify
-        sizes = sorted(table.ema)
-        rows = cap
-        if len(sizes) >= 2 and sizes[-1] > sizes[0]:
-            slope = (table.ema[sizes[-1]] - table.ema[sizes[0]]) / (sizes[-1] - sizes[0])
-            own = table(step_rows)
-            if slope > 0 and own:
-                rows = min(cap, int(own / slope))
-        return max(0, min(room, max(PREFILL_MIN_ROWS, rows)))
-
     def _fill_parts(self, filling: list[SlotEngine], step_rows: int, step_outputs: int) -> list:
-        """The next chunk of each joining prompt for this step's decode, within :meth:`_prefill_rows`."""
-        budget = self._prefill_rows(step_rows)
+        """The next chunk of each joining prompt for this step's decode, within :func:`~localflash.speculative.prefill.prefill_rows`."""
+        decoding = any(s.request is not None and s.request.state == "decode" for s in self.slots)  # (one whose reader is behind too)
+        budget = prefill_rows(self.policy.verify, step_rows, decoding, self.n_ubatch, self.ctx.n_batch)
         outs = self.ctx.n_outputs_max - step_outputs
         parts = []
         for s in filling:
+            if self._alone(s):
+                parts.append((s, (s.ctx, *s.request.fill.chunk(self.ctx.n_batch))))
+                continue
             if budget <= 0:
-                break
+                continue
             tokens, start, outputs = s.request.fill.chunk(budget)
             if outputs == "last" and outs <= 0:  # no output row left in this decode: the prompt's last token waits a step
                 continue
@@ -368,11 +345,7 @@ class SlotPool:
         step_rows = sum(len(p[1]) for p in parts)
         step_outputs = sum(len(p[1]) if p[3] in (True, "all") else 1 for p in parts)
         fills = self._fill_parts(filling, step_rows, step_outputs)
-        # exact mode on a recurrent target: each chunk in a decode of its own, just before the step's. In
-        # one decode with other sequences, llama.cpp's equal split can leave some prompt rows a one-row
-        # micro-batch that a lone prefill does not have, and one row takes another matmul kernel (vec_dot,
-        # not sgemm) there: a hybrid's exactness holds for equal row counts (engine.exact_options)
-        alone = [f for f in fills if self.exact and f[1][0].recurrent]
+        alone = [f for f in fills if self._alone(f[0])]
         for s, part in alone:
             decode_views(self.ctx, [part])
             self._filled(s)
@@ -382,6 +355,13 @@ class SlotPool:
         for s, _part in fills:
             self._filled(s)
         return sum(len(f[1]) for _, f in fills + alone)
+
+    def _alone(self, s: SlotEngine) -> bool:
+        """Exact mode on a recurrent target: the joining prompt's chunks are the one-slot engine's (n_batch), each
+        decoded by itself just before a step's decode, so its micro-batches are a lone prefill's. In one decode
+        with other sequences llama.cpp's equal split cuts them elsewhere, and a hybrid's exactness holds only
+        for equal row counts (a one-row micro-batch takes vec_dot, not sgemm: engine.exact_options)."""
+        return self.exact and s.ctx.recurrent
 
     def _filled(self, s: SlotEngine) -> None:
         s.request.fill.decoded()

@@ -108,7 +108,9 @@ def test_the_pools_calibration_is_reported_by_the_request_that_met_it(files):
 
 @pytest.mark.parametrize("kind", ["ngram", "dflash", "qwen35-ngram"])
 def test_a_long_prompt_joins_in_chunks_while_another_slot_streams(files, kind):
-    """The joining prompt rides in the streaming slot's steps (continuous batching), not ahead of them.
+    """The joining prompt goes in a chunk a step (continuous batching), not all at once ahead of the steps.
+
+    (In the steps' decodes; on a hybrid in exact mode in chunks of n_batch decoded alone, see SlotPool._alone.)
 
     Slot 0 streams the whole time. A prompt of many chunks joins on slot 1: slot 0's steps go on
     (and it gets emits) between the join and the joiner's first token, and /slots shows slot 1 in state ``prefill`` at
@@ -120,7 +122,7 @@ def test_a_long_prompt_joins_in_chunks_while_another_slot_streams(files, kind):
     r = _check(_options(files, kind) | {"ctx": 4096}, 2, ("prefill",))
     n = r["long_tokens"]
     assert n > 10 * 63  # many of exact mode's 63-row micro-batches
-    assert r["steps_during_prefill"] >= 5 and r["emits_during_prefill"] > 0  # whole-prompt admission: at most one step
+    assert r["steps_during_prefill"] >= 3 and r["emits_during_prefill"] > 0  # whole-prompt admission: at most one step
     partial = [d for d in r["prefill_done_seen"] if 0 < d < n]
     assert len(partial) >= 2, r["prefill_done_seen"]
     solo = r["solo_late"]
