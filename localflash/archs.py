@@ -46,6 +46,9 @@ GATED_QUERY_ARCHS = frozenset({"qwen35", "qwen35moe"})
 
 LOOKUP = "+ngram"  # suffix of a model drafter kind: prompt lookup is tried first each cycle
 MODEL_DRAFTERS = ("dflash", "draft", "eagle3")  # kinds that load a drafter file
+# parallel slots: kinds whose slots' drafters share one multi-sequence drafter context (the others: a context a slot)
+SLOT_SHARED_DRAFTERS = ("dflash", "draft", "mtp")
+BLOCK_ROOM = 16  # DFlash: positions on top of the drafter's context for the noise block of a draft
 BASE_KINDS = ("none", "dflash", "draft", "ngram", "eagle3", "mtp")
 # what a pair's `kind` (models.toml) and a bench mode may be
 KINDS = BASE_KINDS + tuple(k + LOOKUP for k in (*MODEL_DRAFTERS, "mtp"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localflash.archs import DRAFT_MAX, LOOKUP, MODEL_DRAFTERS, RECURRENT_ARCHS, SYNTHETIC, base_kind, kind_of_drafter_arch
+from localflash.archs import BLOCK_ROOM, DRAFT_MAX, SLOT_SHARED_DRAFTERS, LOOKUP, MODEL_DRAFTERS, RECURRENT_ARCHS, SYNTHETIC, base_kind, kind_of_drafter_arch
 from localflash.config import EXACT_MAX_ROWS, RunConfig
 from localflash.errors import LocalflashError
 
@@ -16,7 +16,6 @@ TREE_ON_RECURRENT = ("--tree is not available on {arch} targets: each branch wou
                      "rollback snapshots (Qwen3.6-27B: 150 MiB a state, 40 GiB for 16 branches 16 deep), and llama.cpp "
                      "splits branching sequences on recurrent memory into several passes")
 
-BLOCK_ROOM = 16  # DFlash: positions on top of the drafter's context for the noise block of a draft
 
 # weight types ggml's CPU backend multiplies by 2+ rows with llamafile's sgemm and by one row with vec_dot
 SGEMM_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL"}
@@ -286,7 +285,7 @@ def make_slot_drafters(kind: str, target, ctx, drafter_model, n_seq: int, *, n_c
     from localflash.speculative.group import DrafterGroup, LookupFirstGroup
 
     base = base_kind(kind)
-    if base in ("dflash", "draft", "mtp"):
+    if base in SLOT_SHARED_DRAFTERS:
         from localflash.speculative.drafter import LookupFirstDrafter
 
         if base == "dflash":

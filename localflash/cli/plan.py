@@ -170,6 +170,8 @@ def print_plan(plan: Plan, out: Console) -> None:
     if plan.mtp:
         settings += f"; drafter: the target's MTP block (MTP context n_ctx {plan.n_ctx}, KV {plan.type_k})"
     out.print(settings)
+    if plan.drafter_slots:
+        out.print(plan.drafter_slots_line())
     if plan.tensor_overrides:
         out.print("tensor overrides: " + ", ".join(f"{rx} -> {buf}" for rx, buf in plan.tensor_overrides))
     options = ", ".join(f"{n} with {kv}" for kv, n in plan.context_options.items() if n)

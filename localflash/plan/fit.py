@@ -291,7 +291,8 @@ def _build(pr: Pricer, c: Config, want: int, kvs: list[str], changes: list[Chang
         changes.append(Change("n_gpu_layers", p.n_gpu_layers, f"{len(host_blocks)} blocks "
                               f"({format_size(host_bytes)}) run from host RAM; expected decode ≈{slowdown:.1f}× slower"))
     d_ctx = pr.drafter_ctx(c.n_ctx)
-    if d is not None and d_ctx < c.n_ctx:
+    n_seq = max(1, w.n_seq)
+    if d is not None and d_ctx < (c.n_ctx if n_seq == 1 else pad_ctx(c.n_ctx) // n_seq):  # slots: the cap binds below a share
         full = sum(kv_bytes_per_layer(d, c.n_ctx, c.kv, w.n_ubatch).values())
         capped = sum(kv_bytes_per_layer(d, d_ctx, c.kv, w.n_ubatch).values())
         changes.append(Change("drafter_n_ctx", d_ctx, f"inheriting {c.n_ctx} (llama.cpp's default) would cost "
@@ -337,6 +338,7 @@ def _build(pr: Pricer, c: Config, want: int, kvs: list[str], changes: list[Chang
         tensor_overrides=overrides,
         drafter_device=pr.gpus[p.gpus[out_dev]].index if (d is not None and out_dev is not None and p.gpus) else None,
         drafter_n_ctx=pad_ctx(d_ctx) if d is not None else 0,
+        drafter_slots=_drafter_slots(pr, c.n_ctx) if n_seq > 1 and (d is not None or pr.mtp) else None,
         drafter_type_kv=pr.drafter_kv(c) if d is not None else "",
         drafter_n_gpu_layers=(d.n_layer_all + 1) if (d is not None and out_dev is not None and p.gpus) else 0,
         slowdown=round(slowdown, 2),
@@ -357,6 +359,15 @@ def _split_by_device(pr: Pricer, p: Placement) -> list[float]:
     for g, slots in zip(p.gpus, p.slots):
         out[pr.gpus[g].index] = float(slots) if p.split_mode == "layer" else round(slots / total, 4)
     return out
+
+
+def _drafter_slots(pr, n_ctx: int) -> dict:
+    """How the drafter's contexts are laid out for parallel slots (Plan.drafter_slots): what the plan priced."""
+    if pr.d is None:  # MTP: one context on the target model, a sequence a slot
+        n = max(1, pr.w.n_seq)
+        return {"contexts": 1, "seqs": n, "positions": pr.mtp_cells(n_ctx) // n}
+    lay = pr.drafter_layout(n_ctx)
+    return {"contexts": lay.contexts, "seqs": lay.seqs, "positions": lay.positions}
 
 
 def runtime_kwargs(plan: Plan) -> dict:

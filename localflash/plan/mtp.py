@@ -38,7 +38,7 @@ def mtp_kv_bytes(meta: ModelMeta, n_ctx: int, kv: str, n_ubatch: int) -> int:
     return sum(per_layer.get(il, 0) for il in nextn_blocks(meta))
 
 
-def mtp_compute_bytes(meta: ModelMeta, n_ctx: int, n_ubatch: int, kv: str, cuda: bool) -> int:
+def mtp_compute_bytes(meta: ModelMeta, n_ctx: int, n_ubatch: int, kv: str, cuda: bool, n_outputs: int = 1) -> int:
     """Compute buffer of the MTP context's one-block graph at ``n_ubatch`` pairs (flash attention, one output row).
 
     With a single block the attention mask does not outlive the attention, so the buffer is the larger of
@@ -55,7 +55,7 @@ def mtp_compute_bytes(meta: ModelMeta, n_ctx: int, n_ubatch: int, kv: str, cuda:
     if cuda and kv != "f16":
         attn += cells * n_kv * (hd + hd_v) * 2  # f16 copies of K and V for the batched kernels
     ffn = 3 * meta.n_ff * T * 4 + 5 * E * T * 2 + cells * 128
-    out = meta.output_vocab * 4 + E * T * 4
+    out = meta.output_vocab * n_outputs * 4 + E * T * 4
     return max(attn, ffn, out) + T * 32
 
 
@@ -70,8 +70,10 @@ class MtpCost:
     host_outputs: int  # host buffers: the MTP row's logits and hidden state, the target's exported hidden states
 
 
-def mtp_cost(meta: ModelMeta, where: list[int | None], n_ctx: int, kv: str, n_ubatch: int, n_batch: int) -> MtpCost:
-    """The MTP block's cost on each device, for block slots placed as ``where`` (device of every slot)."""
+def mtp_cost(meta: ModelMeta, where: list[int | None], n_ctx: int, kv: str, n_ubatch: int, n_batch: int, n_seq: int = 1) -> MtpCost:
+    """The MTP block's cost on each device, for block slots placed as ``where`` (device of every slot).
+
+    ``n_seq`` parallel slots: one MTP context of ``n_ctx`` positions in all, a draft decode outputs a row a slot."""
     weights: dict[int | None, int] = {}
     for il in nextn_blocks(meta):
         weights[where[il]] = weights.get(where[il], 0) + meta.layer_bytes[il]
@@ -80,6 +82,6 @@ def mtp_cost(meta: ModelMeta, where: list[int | None], n_ctx: int, kv: str, n_ub
         nextn_weights=weights,
         device=dev,
         kv=mtp_kv_bytes(meta, n_ctx, kv, n_ubatch),
-        compute=mtp_compute_bytes(meta, n_ctx, n_ubatch, kv, cuda=dev is not None),
-        host_outputs=meta.output_vocab * 4 + meta.n_embd * 4 + meta.n_embd * n_batch * 4,
+        compute=mtp_compute_bytes(meta, n_ctx, n_ubatch, kv, cuda=dev is not None, n_outputs=n_seq),
+        host_outputs=(meta.output_vocab + meta.n_embd) * n_seq * 4 + meta.n_embd * n_batch * 4,
     )

@@ -8,7 +8,10 @@
   the host;
 - KV cache, recurrent state and compute buffers by :mod:`localflash.plan.costs`;
 - the drafter's weights, its own (capped) KV cache and compute buffer, on the
-  card that holds the target's output layer; for MTP drafting (``Wishes.mtp``)
+  card that holds the target's output layer; with parallel slots (``Wishes.n_seq`` > 1) as
+  ``open_engine`` builds them (:meth:`Pricer.drafter_layout`): DFlash and a draft model on one
+  context of N sequences, each the slot's share of the context (KV for all N, one compute
+  buffer with every slot's output rows), EAGLE-3 a context a slot; for MTP drafting (``Wishes.mtp``)
   the target's own nextn block, the MTP context's KV cache at the full context
   and its one-block compute buffer (``localflash.plan.mtp``); a fixed **runtime overhead** per GPU
   (CUDA context, cuBLAS workspace, memory pool) and a **safety margin** left free.
@@ -19,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from localflash.archs import EAGLE3_ENCODE_ROWS
+from localflash.archs import BLOCK_ROOM, EAGLE3_ENCODE_ROWS
 from localflash.formats.gguf_meta import ModelMeta
 from localflash.plan.costs import (
     EXPERT_PATTERN,
@@ -44,6 +47,20 @@ class Placement:
     host_expert_layers: int = 0  # experts of blocks 0..n-1 stay on the host
     split_mode: str = "layer"
     host_output: bool = False  # the output layer stays on the host (its last device is remote: logits never cross the wire)
+
+
+@dataclass(frozen=True)
+class DrafterLayout:
+    """The drafter contexts a run makes: ``contexts`` of ``seqs`` sequences of ``positions`` each, ``outputs`` rows a decode."""
+
+    contexts: int
+    seqs: int
+    positions: int
+    outputs: int
+
+    @property
+    def cells(self) -> int:
+        return self.seqs * self.positions
 
 
 @dataclass(frozen=True)
@@ -94,6 +111,29 @@ class Pricer:
     def drafter_ctx(self, n_ctx: int) -> int:
         cap = self.w.drafter_ctx_cap
         return min(n_ctx, cap) if cap else n_ctx
+
+    def drafter_layout(self, n_ctx: int) -> DrafterLayout:
+        """The drafter file's contexts, as ``open_engine`` makes them for ``Wishes.n_seq`` slots.
+
+        One slot: one context of the (capped) drafter context. N slots: each slot drafts within its
+        share of the target's context (``n_ctx / N``, capped too); DFlash (+ its block's room) and a
+        draft model put the N shares on one unified context (``SLOT_SHARED_DRAFTERS``; a DFlash decode
+        outputs every slot's block, a draft-model decode one row a slot), EAGLE-3 makes a context a slot.
+        """
+        n, d = max(1, self.w.n_seq), self.d
+        if n == 1:
+            return DrafterLayout(1, 1, self.drafter_ctx(n_ctx), d.block_size or 1)
+        share = min(self.drafter_ctx(n_ctx), pad_ctx(n_ctx) // n)
+        if d.is_eagle3:
+            return DrafterLayout(n, 1, share + self.w.n_draft + 1, 1)
+        if d.is_dflash:
+            return DrafterLayout(1, n, share + BLOCK_ROOM, min(512, d.block_size * n))
+        return DrafterLayout(1, n, share, n)
+
+    def mtp_cells(self, n_ctx: int) -> int:
+        """Positions of the MTP context: the target's context, or N slots' shares of it on one context."""
+        n = max(1, self.w.n_seq)
+        return n_ctx if n == 1 else pad_ctx(n_ctx) // n * n
 
     def slot_devices(self, p: Placement) -> list[int | None]:
         """Device (position in ``p.gpus``) of every block slot, ``None`` for the host; last slot = output."""
@@ -173,7 +213,7 @@ class Pricer:
 
     def _add_mtp(self, c: Config, gpu_rows: list[DeviceUse], host: DeviceUse, where: list[int | None]) -> None:
         """Move the nextn weights into the drafter column and add the MTP context's KV, compute and outputs."""
-        m = mtp_cost(self.t, where, c.n_ctx, c.kv, self.w.n_ubatch, self.w.n_batch)
+        m = mtp_cost(self.t, where, self.mtp_cells(c.n_ctx), c.kv, self.w.n_ubatch, self.w.n_batch, max(1, self.w.n_seq))
         for dev, n_bytes in m.nextn_weights.items():
             row = host if dev is None else gpu_rows[dev]
             row.target_weights -= n_bytes
@@ -200,10 +240,9 @@ class Pricer:
         return min(options, key=lambda kv: sum(options[kv]))
 
     def _drafter_cost(self, c: Config, kv: str, cuda: bool) -> tuple[int, int]:
-        d = self.d
-        n_ctx = self.drafter_ctx(c.n_ctx)
-        cache = sum(self.kv(d, n_ctx, kv).values())
-        compute = self.compute(d, list(range(d.n_layer)), True, n_ctx, kv, cuda, d.block_size or 1)
+        d, lay = self.d, self.drafter_layout(c.n_ctx)
+        cache = lay.contexts * sum(self.kv(d, lay.cells, kv).values())
+        compute = lay.contexts * self.compute(d, list(range(d.n_layer)), True, lay.cells, kv, cuda, lay.outputs)
         return cache, compute
 
     def _price_drafter(self, c: Config, row: DeviceUse, host: DeviceUse) -> None:
@@ -212,10 +251,11 @@ class Pricer:
         row.drafter_weights = sum(d.layer_bytes) + d.output_bytes + (d.tied_head_bytes if on_gpu else 0)
         host.drafter_weights += d.input_bytes
         row.drafter_kv, row.drafter_compute = self._drafter_cost(c, self.drafter_kv(c), cuda=on_gpu)
+        lay = self.drafter_layout(c.n_ctx)
         if d.is_eagle3:  # the encoder outputs every row: logits and g buffers sized by its chunk
-            host.overhead += (d.n_vocab + d.n_embd) * EAGLE3_ENCODE_ROWS * 4
+            host.overhead += lay.contexts * (d.n_vocab + d.n_embd) * EAGLE3_ENCODE_ROWS * 4
         else:
-            host.overhead += d.output_vocab * (d.block_size or 1) * 4
+            host.overhead += d.output_vocab * lay.outputs * 4
         if d.selector_top_k:  # DFlash2: one lattice row per batch position
             host.overhead += d.n_embd * self.w.n_batch * 4
 

@@ -99,6 +99,23 @@ class Plan:
     # "gpu:0"), ``tensor_split`` indexed by position here; None: llama.cpp's default device list
     device_keys: list[str] | None = None
     traffic: dict | None = None  # remote devices: expected network bytes and round trips per verify pass (plan/remote.py)
+    # parallel slots (Wishes.n_seq > 1): the drafter's contexts as priced, {"contexts", "seqs", "positions"} (positions
+    # per sequence): one context of N sequences (DFlash, draft model, MTP) or N contexts of one (EAGLE-3); None otherwise
+    drafter_slots: dict | None = None
+
+    def drafter_slots_line(self) -> str:
+        """The drafter's share of parallel slots, as priced: its contexts and their KV and compute ("" without slots)."""
+        lay = self.drafter_slots
+        if not lay:
+            return ""
+        rows = [*self.devices, self.host]
+        kv = sum(r.drafter_kv for r in rows) / 2**20
+        compute = sum(r.drafter_compute for r in rows) / 2**20
+        if lay["contexts"] == 1:
+            shape = f"one context of {lay['seqs']} sequences x {lay['positions']} positions"
+        else:
+            shape = f"{lay['contexts']} contexts (one a slot) of {lay['positions']} positions"
+        return f"drafter for {max(lay['seqs'], lay['contexts'])} slots: {shape}; KV {kv:.0f} MiB, compute {compute:.0f} MiB in all"
 
     @property
     def gpu_total(self) -> int:

@@ -101,6 +101,8 @@ def startup_screen(llm, host: str, port: int, api_key: str | None, queue: int) -
     if plan is not None:
         kv = sum(d.target_kv for d in plan.devices) + plan.host.target_kv
         slots += f"; target KV {kv / 2**20:.0f} MiB in all, {kv / 2**20 / max(1, info.slots):.0f} MiB a slot"
+        if plan.drafter_slots:
+            slots += f"\n  slots    {plan.drafter_slots_line()}"
     lines += [
         slots,
         f"  queue    {queue} waiting at most (then 503 + Retry-After); threads {info.threads or 'auto'}",
