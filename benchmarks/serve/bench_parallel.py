@@ -9,7 +9,14 @@ where the FIFO server loses), averaged. ``same`` counts replies equal to the FIF
 to the same request (with --exact every one must be; ``--check`` then fails on a difference).
 The 1-minute load average is recorded before each figure: the machine may be shared.
 
+``--quant Q4_0`` serves the pair's target requantized to that type (with the pair's drafter),
+made with llama.cpp's quantizer on first use and cached where ``derive:`` drafters are
+(``~/.cache/localflash/derived/<target>.<TYPE>.gguf``). Why Q4_0 here: ggml's CPU backend
+multiplies the demo file's Q4_1 weights row by row, so batching slots cannot pay on it, while
+Q4_0 goes through llamafile's sgemm (docs/benchmarks.md, "Parallel slots").
+
     .venv/bin/python benchmarks/serve/bench_parallel.py --pair demo --modes none,ngram,dflash --json out.json
+    .venv/bin/python benchmarks/serve/bench_parallel.py --pair demo --quant Q4_0 --modes none,ngram,dflash --threads 1
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from pathlib import Path
 
 import openai
 
+from localflash.errors import LocalflashError
 from localflash.testing.serve import LiveServer
 
 TOPICS = ["the sea", "a mountain", "bread", "a library", "rain", "a city at night", "bicycles", "tea",
@@ -36,6 +44,8 @@ def main() -> int:
     ap.add_argument("--pair", default="demo")
     ap.add_argument("--model", default=None, help="a target file instead of the pair's (e.g. the pair's target requantized)")
     ap.add_argument("--drafter", default=None, help="with --model: the drafter file")
+    ap.add_argument("--quant", default=None, help="serve the target (the pair's, or --model) requantized to this type, e.g. Q4_0 "
+                    "(made on first use, cached under ~/.cache/localflash/derived)")
     ap.add_argument("--modes", default="none,ngram,dflash")
     ap.add_argument("--streams", default="1,2,4,8")
     ap.add_argument("--slots", type=int, default=8)
@@ -47,6 +57,8 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="fail unless every reply equals the FIFO server's (use with --exact)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.quant:
+        args.model, args.drafter = requantized(args)
     streams = [int(s) for s in args.streams.split(",")]
     work = Path(tempfile.mkdtemp(prefix="lf-par-"))
     rows, problems = [], []
@@ -87,6 +99,23 @@ def main() -> int:
     for p in problems:
         print("FAIL", p, file=sys.stderr)
     return 1 if problems else 0
+
+
+def requantized(args) -> tuple[str, str | None]:
+    """(target requantized to ``args.quant``, the drafter to serve it with): the pair's drafter unless --drafter names one."""
+    from localflash.llama.quantize import quantize
+    from localflash.registry.pairs import derived_path, get_pair
+
+    pair = None if args.model else get_pair(args.pair)
+    target = Path(args.model) if args.model else pair.target
+    drafter = args.drafter or (str(pair.drafter) if pair is not None and pair.drafter is not None else None)
+    if drafter is not None and not Path(drafter).exists():
+        raise LocalflashError(f"the drafter {drafter} is not there", hint="run the pair once (it derives its drafter) or pass --drafter")
+    out = derived_path(target, args.quant.upper())
+    if not out.exists():
+        print(f"requantizing {target.name} to {args.quant.upper()} -> {out}", file=sys.stderr, flush=True)
+        quantize(target, out, args.quant.upper())
+    return str(out), drafter
 
 
 def _chat(client, model: str, prompt: str, max_tokens: int) -> tuple[str, int]:

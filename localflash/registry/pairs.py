@@ -19,6 +19,11 @@ def cache_dir() -> Path:
     return Path(base) / "localflash"
 
 
+def derived_path(target: Path, ftype: str) -> Path:
+    """Where ``target`` requantized to ``ftype`` is cached: a ``derive:`` drafter, a benchmark's requantized target."""
+    return cache_dir() / "derived" / f"{Path(target).stem}.{ftype}.gguf"
+
+
 def config_dir() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     return Path(base) / "localflash"
@@ -91,7 +96,7 @@ def _pair(name: str, raw: dict, source: Path) -> Pair:
         drafter_spec = str(drafter_spec)
         if drafter_spec.startswith("derive:"):
             derive = drafter_spec[7:]
-            drafter = cache_dir() / "derived" / f"{target.stem}.{derive}.gguf"
+            drafter = derived_path(target, derive)
         else:
             drafter = resolve_path(drafter_spec, source)
     if base_kind(kind) in MODEL_DRAFTERS and drafter is None:
