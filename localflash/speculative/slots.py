@@ -323,9 +323,6 @@ class SlotPool:
         outs = self.ctx.n_outputs_max - step_outputs
         parts = []
         for s in filling:
-            if self._alone(s):
-                parts.append((s, (s.ctx, *s.request.fill.chunk(self.ctx.n_batch))))
-                continue
             if budget <= 0:
                 continue
             tokens, start, outputs = s.request.fill.chunk(budget)
@@ -345,22 +342,30 @@ class SlotPool:
         step_rows = sum(len(p[1]) for p in parts)
         step_outputs = sum(len(p[1]) if p[3] in (True, "all") else 1 for p in parts)
         fills = self._fill_parts(filling, step_rows, step_outputs)
-        alone = [f for f in fills if self._alone(f[0])]
-        for s, part in alone:
-            decode_views(self.ctx, [part])
-            self._filled(s)
-        fills = [f for f in fills if f not in alone]
         if parts or fills:
             decode_views(self.ctx, parts + [f for _, f in fills])
         for s, _part in fills:
             self._filled(s)
-        return sum(len(f[1]) for _, f in fills + alone)
+        return sum(len(f[1]) for _, f in fills)
+
+    def _fill_alone(self, filling: list[SlotEngine]) -> list[SlotEngine]:
+        """Before a step's drafts: the next n_batch chunk of each joining prompt that goes alone (:meth:`_alone`),
+        and its last token too when only that is left; returns the joining slots that ride in the step instead."""
+        for s in [s for s in filling if self._alone(s)]:
+            fill = s.request.fill
+            decode_views(self.ctx, [(s.ctx, *fill.chunk(self.ctx.n_batch))])
+            self._filled(s)
+            if s.request is not None and s.request.fill is fill and fill.done == fill.split == len(fill.prompt) - 1:
+                decode_views(self.ctx, [(s.ctx, *fill.chunk(1))])  # the checkpoint is taken: the last token, as a lone prefill
+                self._filled(s)
+        return [s for s in filling if not self._alone(s)]
 
     def _alone(self, s: SlotEngine) -> bool:
         """Exact mode on a recurrent target: the joining prompt's chunks are the one-slot engine's (n_batch), each
-        decoded by itself just before a step's decode, so its micro-batches are a lone prefill's. In one decode
-        with other sequences llama.cpp's equal split cuts them elsewhere, and a hybrid's exactness holds only
-        for equal row counts (a one-row micro-batch takes vec_dot, not sgemm: engine.exact_options)."""
+        decoded by itself before a step's drafts (:meth:`_fill_alone`), so its micro-batches are a lone prefill's
+        and its drafter takes it in where a lone prefill's does. In one decode with other sequences llama.cpp's
+        equal split cuts them elsewhere, and a hybrid's exactness holds only for equal row counts (a one-row
+        micro-batch takes vec_dot, not sgemm: engine.exact_options)."""
         return self.exact and s.ctx.recurrent
 
     def _filled(self, s: SlotEngine) -> None:
@@ -406,6 +411,7 @@ class SlotPool:
             if not (s.drafting and n_past + 1 + s.policy.max_draft <= s.drafter.ctx_limit):
                 limit = 0
             plans.append([s, n_past, max(0, limit), [], 0.0])
+        filling = self._fill_alone(filling)
         if not plans:
             self._decode_with_fills([], filling)
             return
