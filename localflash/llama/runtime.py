@@ -360,11 +360,9 @@ class Context(RecurrentCache, InGraphSampling):
         self._decoded(start_pos + last, n - last)
 
     def decode_embd_rows(self, items) -> None:
-        """Float input rows of several sequences, no outputs: ``items`` of ``(parts, start_pos, n, seq)``, each as
-        :meth:`decode_embd`'s, laid one after the other in one decode per ``n_batch`` rows (a slot pool's
-        every slot's features in one decode). No rollback bookkeeping: the caller (a view per sequence) keeps it."""
-        items = [it for it in items if it[2] > 0]
-        if not items:
+        """Float input rows of several sequences, no outputs: ``items`` of ``(parts, start_pos, n, seq)`` as :meth:`decode_embd`'s,
+        in one decode per ``n_batch`` rows (every slot's features at once); the caller (a view per sequence) keeps rollback state."""
+        if not (items := [it for it in items if it[2] > 0]):
             return
         width = sum(p.shape[1] for p in items[0][0])
         if self._embd_batch is None or self._embd_batch.width != width:
