@@ -132,10 +132,11 @@ def _pool_steps(drafter_file, tiny_target, parallel: int, spec: str = "dflash") 
         log = []
         step = pool._step
 
-        def counted(active):
+        def counted(active, filling=()):
             n0, rows0 = dctx.n_decodes, pool.rows_decoded
-            step(active)
-            log.append((len(active), dctx.n_decodes - n0, pool.rows_decoded - rows0 - len(active)))
+            step(active, filling)
+            if not filling:  # a step that also carries a joining prompt's chunk: its intake is that slot's own
+                log.append((len(active), dctx.n_decodes - n0, pool.rows_decoded - rows0 - len(active)))
 
         pool._step = counted
         threads = [threading.Thread(target=lambda i=i: llm.start(TEXTS[i % len(TEXTS)], raw=True, max_tokens=24, slot=i).completion())
