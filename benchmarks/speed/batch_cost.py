@@ -1,4 +1,4 @@
-"""CPU time of one decode step carrying 1, 4 or 8 sequences (one row each), per weight type.
+"""CPU time of one decode step carrying 1, 2, 3, 4 or 8 sequences (one row each), per weight type.
 
 Process CPU time, not wall time, so a loaded machine changes little: what a step of N
 sequences costs next to N one-sequence steps tells whether batching pays on this CPU for
@@ -36,7 +36,7 @@ def main() -> int:
         m = Model(path)
         one = step_cost(m, 1)
         line = [f"{m.path.name}: 1 seq {1000 * one:.1f} ms"]
-        for n in (4, 8):
+        for n in (2, 3, 4, 8):
             c = step_cost(m, n)
             line.append(f"{n} seq {1000 * c:.1f} ms ({n * one / c:.2f}x the tokens per CPU second)")
         print(", ".join(line), flush=True)
