@@ -6,6 +6,9 @@ committed rows' inputs of the tapped target layers are concatenated and
 injected into the drafter's KV cache at the same positions; a draft is one
 decode of ``[last committed token, MASK × (B-1)]`` whose rows 1.. are read
 greedily, after which the noise block is dropped from the drafter's cache.
+While the draft-length policy keeps drafting off, the committed rows' features
+are held on the host (up to ``HOLD_ROWS``) and go in with one decode when the
+drafter next drafts or the hold is full, not with one decode per target step.
 
 DFlash2 files (``dflash.selector_top_k`` > 0: two-tap dynamic convolutions
 and a candidate selector) are driven the same way, except that the draft is
@@ -29,6 +32,11 @@ from localflash.llama.sequences import decode_embd_views, decode_views
 from localflash.speculative.drafter import Drafter
 from localflash.speculative.group import Ask, DrafterGroup, Taken
 from localflash.speculative.tree import TOP_K, Tree, best_first, top_candidates_rows
+
+# committed rows an idle drafter holds on the host before it takes them in, all in one decode: a drafter
+# decode costs about the same for 1 row as for dozens, so plain steps (the policy drafting nothing) pay a
+# row copy each, not a decode each; a drafter that drafts every cycle takes its rows straight in
+HOLD_ROWS = 64
 
 
 def check_dflash_pair(target: Model, drafter: Model) -> list[int]:
@@ -139,17 +147,59 @@ class DFlashDrafter(Drafter):
             self.in_graph = group.in_graph
             self.ctx_limit = min(n_ctx, self.ctx.n_ctx) - self.block_size
         target_ctx.capture_layer_inputs(self.layer_ids)
-        self.n_injected = 0  # positions 0..n_injected-1 carry target features
+        self.n_injected = 0  # positions 0..n_injected-1 carry target features: in the cache, or the last n_held held
+        self.n_held = 0
+        self.held: np.ndarray | None = None  # [HOLD_ROWS, taps x width], made on first use
+        self.asked = False  # drafted since its last intake: the next one goes straight in
 
     def rollback(self, n_keep: int) -> None:
         if self.n_injected > n_keep:
-            self.ctx.seq_rm(n_keep)
+            held_from = self.n_injected - self.n_held
+            if n_keep <= held_from:
+                self.n_held = 0
+                self.ctx.seq_rm(n_keep)
+            else:
+                self.n_held = n_keep - held_from
             self.n_injected = n_keep
 
     def on_target_decode(self, target_ctx: Context, start_pos: int, n_committed: int) -> None:
-        if self.takes(start_pos, n_committed):
-            self.ctx.decode_embd(self.features(target_ctx), start_pos, n_committed)
-            self.n_injected = start_pos + n_committed
+        for parts, start, n in self.intake(target_ctx, start_pos, n_committed):
+            self.ctx.decode_embd(parts, start, n)
+
+    def intake(self, target_ctx, start_pos: int, n_committed: int) -> list[tuple[list, int, int]]:
+        """What goes into the drafter's cache now of the rows committed at ``start_pos..``, as ``(arrays, start, n)``
+        decodes in order (the held rows first); what does not is held (copied) until :meth:`release`."""
+        if not self.takes(start_pos, n_committed):
+            return []
+        asked, self.asked = self.asked, False
+        if asked or self.n_held + n_committed > HOLD_ROWS:
+            out = self.release() + [(self.features(target_ctx), start_pos, n_committed)]
+        else:
+            out = []
+            self.hold(self.features(target_ctx), n_committed)
+        self.n_injected = start_pos + n_committed
+        return out
+
+    def hold(self, features: list[np.ndarray], n: int) -> None:
+        if self.held is None:
+            self.held = np.empty((HOLD_ROWS, sum(f.shape[1] for f in features)), dtype=np.float32)
+        col = 0
+        for f in features:
+            self.held[self.n_held : self.n_held + n, col : col + f.shape[1]] = f[:n]
+            col += f.shape[1]
+        self.n_held += n
+
+    def release(self) -> list[tuple[list, int, int]]:
+        """The held rows as one decode (to run before anything else holds: the buffer is reused), now out of the hold."""
+        if not self.n_held:
+            return []
+        n, self.n_held = self.n_held, 0
+        return [([self.held], self.n_injected - n, n)]
+
+    def catch_up(self) -> None:
+        """Take the held rows in (before a draft)."""
+        for parts, start, n in self.release():
+            self.ctx.decode_embd(parts, start, n)
 
     def takes(self, start_pos: int, n_committed: int) -> bool:
         """Whether rows committed at ``start_pos..`` go in; past the drafter's context (or after a gap) they do not,
@@ -164,6 +214,8 @@ class DFlashDrafter(Drafter):
         k = min(k, self.max_draft)
         if k <= 0 or self.n_injected != n_past:
             return []
+        self.catch_up()
+        self.asked = True
         # always draft the full block: the drafter was trained on it and its cost barely depends on k
         self.ctx.decode(self.block(history), n_past, self.outputs)
         drafts = self.read(k)
@@ -194,6 +246,8 @@ class DFlashDrafter(Drafter):
         k = min(k, self.max_draft)
         if k <= 0 or self.n_injected != n_past or self.in_graph:  # in-graph argmax: no logits to branch on
             return Tree.chain(history[-1], self.propose(history, n_past, min(k, budget)))
+        self.catch_up()
+        self.asked = True
         block = self.block(history)
         if self.top_k:
             self.ctx.decode(block, n_past, "none")
@@ -224,8 +278,9 @@ class DFlashDrafter(Drafter):
 class DFlashGroup(DrafterGroup):
     """Every slot's DFlash drafter on sequence i of one shared drafter context; each step phase is one decode.
 
-    After a target step one decode takes in every slot's committed rows' features (each on its own
-    sequence, at its positions); a draft is one decode of every drafting slot's ``[last, MASK x (B-1)]``
+    After a target step one decode takes in the committed rows' features of every slot that goes on
+    drafting or whose hold is full (each on its own sequence, at its positions: :meth:`DFlashDrafter.intake`);
+    a draft first takes in the drafting slots' held rows, all in one decode; a draft is one decode of every drafting slot's ``[last, MASK x (B-1)]``
     block, whose rows each slot reads, after which each noise block is cut from its sequence. The
     context holds ``n_ctx`` positions per slot, ``n_seq`` slots (:func:`dflash_context`).
     """
@@ -244,6 +299,11 @@ class DFlashGroup(DrafterGroup):
         go = [(j, self.drafters[i], history, n_past, min(k, self.max_draft))
               for j, (i, history, n_past, k) in enumerate(asks)
               if min(k, self.max_draft) > 0 and self.drafters[i].n_injected == n_past]
+        held = [(d.ctx, *item) for _j, d, _h, _n, _k in go for item in d.release()]
+        if held:  # every drafting slot's held rows, in one decode before the drafts
+            decode_embd_views(self.ctx, held)
+        for _j, d, _h, _n, _k in go:
+            d.asked = True
         for lo in range(0, len(go), self.per_decode):
             part = go[lo : lo + self.per_decode]
             decode_views(self.ctx, [(d.ctx, d.block(history), n_past, d.outputs) for _j, d, history, n_past, _k in part])
@@ -257,15 +317,9 @@ class DFlashGroup(DrafterGroup):
         return self.drafters[0].max_draft
 
     def on_target_decode(self, taken: list[Taken]) -> None:
-        parts = []
-        for i, view, start, n in taken:
-            d = self.drafters[i]
-            if d.takes(start, n):
-                parts.append((d.ctx, d.features(view), start, n))
-        if parts:
+        parts = [(self.drafters[i].ctx, *item) for i, view, start, n in taken for item in self.drafters[i].intake(view, start, n)]
+        if parts:  # every slot's rows that go in now, in one decode (a slot's held rows before its new ones)
             decode_embd_views(self.ctx, parts)
-            for view, _features, start, n in parts:
-                self.drafters[view.seq].n_injected = start + n
 
     def close(self) -> None:
         self.ctx.close()

@@ -123,7 +123,7 @@ def test_a_slots_draft_rows_do_not_change_with_another_slots_content(target, dra
     assert not np.allclose(runs[0][1], runs[1][1])  # slot 1 itself does see its new content
 
 
-def _pool_steps(drafter_file, tiny_target, parallel: int, spec: str = "dflash") -> list[tuple[int, int, int]]:
+def _pool_steps(drafter_file, tiny_target, parallel: int, spec: str = "dflash", draft_max=None, max_tokens: int = 24) -> list[tuple[int, int, int]]:
     """(active slots, decodes on the shared drafter context, draft tokens) of every step of ``parallel`` requests at once."""
     with load(model=str(tiny_target), drafter=str(drafter_file) if drafter_file else None, spec=spec, threads=1, ctx=N_CTX * parallel,
               fixed=True, draft_max=4, parallel=parallel) as llm:
@@ -139,7 +139,8 @@ def _pool_steps(drafter_file, tiny_target, parallel: int, spec: str = "dflash") 
                 log.append((len(active), dctx.n_decodes - n0, pool.rows_decoded - rows0 - len(active)))
 
         pool._step = counted
-        threads = [threading.Thread(target=lambda i=i: llm.start(TEXTS[i % len(TEXTS)], raw=True, max_tokens=24, slot=i).completion())
+        threads = [threading.Thread(target=lambda i=i: llm.start(TEXTS[i % len(TEXTS)], raw=True, max_tokens=max_tokens, slot=i,
+                                                                 draft_max=draft_max).completion())
                    for i in range(parallel)]
         for t in threads:
             t.start()
@@ -152,7 +153,21 @@ def test_a_pool_step_costs_the_drafter_one_intake_and_one_draft_decode_for_all_s
     log = _pool_steps(drafter_file, tiny_target, N_SEQ)
     assert any(n == N_SEQ and drafted for n, _decodes, drafted in log)  # steps with every slot drafting
     for n, decodes, drafted in log:
-        assert decodes == 1 + (drafted > 0), (n, decodes, drafted)
+        # a drafting step: the draft decode and the intake decode, plus one decode for every slot's held rows
+        # (a prompt's last rows, held until its first draft); a step without drafts: its rows held, or one intake
+        assert decodes in ((2, 3) if drafted else (0, 1)), (n, decodes, drafted)
+    assert sum(d == 3 for _n, d, _dr in log) <= N_SEQ  # held rows go in before a request's first draft only
+
+
+def test_plain_steps_cost_a_dflash_pool_no_drafter_decode_until_a_slots_hold_is_full(drafter_file, tiny_target):
+    """Requests that draft nothing (draft_max 0, as the step policy's k = 0): their rows wait on the host and go in
+    one decode per HOLD_ROWS rows of a slot (all full slots together), not one decode per step."""
+    from localflash.speculative.dflash import HOLD_ROWS
+
+    log = _pool_steps(drafter_file, tiny_target, N_SEQ, draft_max=0, max_tokens=2 * HOLD_ROWS)
+    assert len(log) >= HOLD_ROWS and not any(drafted for _n, _d, drafted in log)
+    intakes = sum(d for _n, d, _dr in log)
+    assert 1 <= intakes <= 3 * N_SEQ, (intakes, len(log))  # ~140 rows a slot: two full holds, at worst apart
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen35"])

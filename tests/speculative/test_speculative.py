@@ -128,6 +128,9 @@ def test_dflash_with_lookup_first_is_lossless_and_keeps_the_drafter_in_step(targ
         out = [t for c in engine.generate(toks, 128) for t in c]
         both += hybrid.looked_up > 0 and hybrid.modelled > 0
         assert hybrid.model.n_injected == len(engine.tokens) == len(toks) + len(out) - 1
+        # in its cache, or held on the host since the lookup's last drafts (taken in before the model's next draft)
+        assert hybrid.model.ctx.pos_max() + 1 + hybrid.model.n_held == len(engine.tokens)
+        hybrid.model.catch_up()
         assert hybrid.model.ctx.pos_max() == len(engine.tokens) - 1
         engine.close()
     assert both > 0
@@ -199,6 +202,9 @@ def test_dflash_injects_exactly_the_committed_positions(target, tiny_dflash):
     committed = engine.tokens
     assert committed == toks + out[:-1]  # the last emitted token is not yet in any cache
     assert drafter.n_injected == len(committed)
+    assert drafter.n_held <= 2  # the last cycle drafted nothing (one token left): its rows are held
+    drafter.catch_up()
+    assert drafter.n_held == 0
     assert drafter.ctx.pos_max() == len(committed) - 1  # no noise block or rejected row left behind
     drafter.ctx.decode([out[-1]] + [drafter.mask] * 15, len(committed), "all")
     spec_logits = drafter.ctx.all_logits().copy()
@@ -209,6 +215,7 @@ def test_dflash_injects_exactly_the_committed_positions(target, tiny_dflash):
         fresh = DFlashDrafter(Model(tiny_dflash), target, fresh_ctx, N_CTX + 16, n_threads=1, in_graph_argmax=False)
         fresh_ctx.decode(tokens, 0, "last")
         fresh.on_target_decode(fresh_ctx, 0, len(tokens))
+        fresh.catch_up()
         fresh.ctx.decode([out[-1]] + [fresh.mask] * 15, len(committed), "all")
         return fresh.ctx.all_logits().copy()
 
