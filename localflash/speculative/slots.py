@@ -416,6 +416,9 @@ class SlotPool:
             self._decode_with_fills([], filling)
             return
         k = self.policy.choose([(p[0].policy, p[2]) for p in plans])
+        if self.policy.probe_slot is not None:  # a probe drafts on one slot, not on all (step_policy.py)
+            for j, p in enumerate(plans):
+                p[2] = p[2] if j == self.policy.probe_slot else 0
         asking = [p for p in plans if min(k, p[2])]
         if asking:  # every drafting slot's draft from one group call (DFlash: one decode), its time shared out
             td = time.perf_counter()

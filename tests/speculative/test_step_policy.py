@@ -1,0 +1,50 @@
+"""The slot pool's draft length for a whole step: pure arithmetic on measured step costs and each slot's acceptance."""
+
+from __future__ import annotations
+
+from localflash.speculative.adapt import PROBE_EVERY, DraftPolicy
+from localflash.speculative.step_policy import StepPolicy
+
+
+def _slot(rate: float, max_draft: int = 8) -> DraftPolicy:
+    p = DraftPolicy(max_draft, adaptive=True, draft_cost_grows=False)
+    p.draft.add(1, 0.0)
+    for j in range(max_draft):
+        p.hits[j], p.tries[j] = 1000.0 * rate, 1000.0
+    return p
+
+
+def _step(per_row: float, base: float, n_slots: int, max_draft: int = 8) -> StepPolicy:
+    sp = StepPolicy(max_draft)
+    for rows in range(1, n_slots * (max_draft + 1) + 1):
+        sp.record(rows, base + per_row * rows)
+    return sp
+
+
+def test_a_probe_drafts_on_one_slot_in_turn_and_plain_steps_on_none():
+    """Drafting does not pay (a row costs a step, nothing is accepted): plain steps, and every probe drafts on one
+    slot only, each slot in turn, so a probe costs the batch one slot's draft, not every slot's."""
+    slots = [(_slot(0.0), 8) for _ in range(4)]
+    sp = _step(1.0, 0.0, 4)
+    probed = []
+    for _ in range(40 * PROBE_EVERY):
+        k = sp.choose(slots)
+        if k:
+            assert sp.probing and sp.probe_slot is not None
+            probed.append(sp.probe_slot)
+        else:
+            assert sp.probe_slot is None
+    assert probed[:4] == [0, 1, 2, 3] and len(probed) >= 5
+
+
+def test_a_probe_skips_slots_that_cannot_draft():
+    slots = [(_slot(0.0), 0), (_slot(0.0), 8), (_slot(0.0), 0), (_slot(0.0), 8)]
+    sp = _step(1.0, 0.0, 4)
+    probed = [sp.probe_slot for _ in range(40 * PROBE_EVERY) if sp.choose(slots)]
+    assert probed[:4] == [1, 3, 1, 3]
+
+
+def test_when_drafting_pays_every_slot_drafts_the_chosen_length():
+    slots = [(_slot(0.9), 8) for _ in range(4)]
+    sp = _step(0.001, 1.0, 4)  # a row nearly free beside the pass
+    assert sp.choose(slots) == 8 and sp.probe_slot is None and not sp.probing
