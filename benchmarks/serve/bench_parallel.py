@@ -84,10 +84,11 @@ def main() -> int:
             for _round in range(args.rounds):  # interleaved: every server once a round, so drift hits them alike
                 for key, server in servers.items():
                     load = os.getloadavg()[0]
+                    cpu0 = cpu_seconds(server.proc.pid)
                     replies, wall = _run(server, s, args.requests, args.max_tokens)
-                    runs[key].append((replies, wall, load))
+                    runs[key].append((replies, wall, load, cpu_seconds(server.proc.pid) - cpu0))
             for (mode, parallel), got in runs.items():
-                replies, wall, load = max(got, key=lambda r: sum(n for _, n, _ in r[0].values()) / r[1])  # the best round
+                replies, wall, load, _cpu = max(got, key=lambda r: sum(n for _, n, _ in r[0].values()) / r[1])  # the best round
                 tokens = sum(n for _, n, _ in replies.values())
                 per_stream = sum(n / t for _, n, t in replies.values() if t > 0) / len(replies)
                 same = None
@@ -100,6 +101,7 @@ def main() -> int:
                        "requests": len(replies) * (len(got) if parallel != 1 else 1), "tokens": tokens, "wall_s": round(wall, 2),
                        "aggregate_tok_s": round(tokens / wall, 1), "per_stream_tok_s": round(per_stream, 1),
                        "rounds_tok_s": [round(sum(n for _, n, _ in r[0].values()) / r[1], 1) for r in got],
+                       "rounds_tok_per_cpu_s": [round(sum(n for _, n, _ in r[0].values()) / max(r[3], 1e-9), 1) for r in got],
                        "same_as_fifo": same, "load_1min": round(load, 2)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -167,9 +169,9 @@ def _run(server, n_streams: int, n_requests: int, max_tokens: int):
 def markdown(rows: list[dict], args) -> str:
     lines = [f"{'model ' + Path(args.model).name if args.model else 'pair ' + args.pair}, {args.max_tokens} tokens a request, "
              f"{args.requests} requests a stream, -t {args.threads}, best of {args.rounds} interleaved rounds" + (", --exact" if args.exact else ""),
-             "", "| mode | streams | FIFO agg tok/s | slots agg tok/s | slots / FIFO | slots / plain slots | FIFO per-stream | slots per-stream "
-             "| same | load (FIFO / slots) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "", "| mode | streams | FIFO agg tok/s | slots agg tok/s | slots / FIFO | slots / plain slots | same, by server CPU s "
+             "| FIFO per-stream | slots per-stream | same | load (FIFO / slots) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     by = {(r["mode"], r["server"] == "fifo", r["streams"]): r for r in rows}
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     for r in sorted((r for r in rows if r["server"] != "fifo"), key=lambda r: (modes.index(r["mode"]), r["streams"])):
@@ -178,17 +180,25 @@ def markdown(rows: list[dict], args) -> str:
         if f is None:
             continue
         vs_plain = f"{paired(r, plain):.2f}×" if plain else "—"
+        vs_plain_cpu = f"{paired(r, plain, 'rounds_tok_per_cpu_s'):.2f}×" if plain else "—"
         lines.append(f"| {r['mode']} | {r['streams']} | {f['aggregate_tok_s']} | {r['aggregate_tok_s']} | "
-                     f"{paired(r, f):.2f}× | {vs_plain} | {f['per_stream_tok_s']} | {r['per_stream_tok_s']} | "
+                     f"{paired(r, f):.2f}× | {vs_plain} | {vs_plain_cpu} | {f['per_stream_tok_s']} | {r['per_stream_tok_s']} | "
                      f"{r['same_as_fifo']}/{r['requests']} | {f['load_1min']} / {r['load_1min']} |")
     lines += ["", "Ratios: the median over rounds of the two servers' aggregates in the same round (the machine's drift "
-              "moves both alike); aggregates: each server's best round."]
+              "moves both alike); aggregates: each server's best round. By server CPU s: tokens per CPU second of the "
+              "server process (user + system), paired the same way."]
     return "\n".join(lines)
 
 
-def paired(row: dict, base: dict) -> float:
+def paired(row: dict, base: dict, key: str = "rounds_tok_s") -> float:
     """The median over rounds of ``row``'s aggregate over ``base``'s in the same round."""
-    return statistics.median(a / b for a, b in zip(row["rounds_tok_s"], base["rounds_tok_s"]))
+    return statistics.median(a / b for a, b in zip(row[key], base[key]))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":
