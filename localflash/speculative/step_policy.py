@@ -15,12 +15,17 @@ chosen, so the aggregate with drafting does not fall below plain batched decodin
 While off it probes now and then (doubling waits), as the one-stream policy does; a probe
 drafts on one slot only (``probe_slot``, in turn), so what it costs the step is one slot's
 draft and rows, not every slot's (a DFlash probe on 8 slots took in up to 8 x 64 held rows
-and drafted 8 blocks, ~0.1–0.2 s on this CPU, for acceptance figures of each slot).
+and drafted 8 blocks, ~0.1–0.2 s on this CPU, for acceptance figures of each slot), and
+probes are spaced so they cost at most PROBE_SHARE of the time off (:meth:`probe_floor`:
+on a CPU where a DFlash draft costs two target steps, every ~300 steps instead of every 16–256).
 """
 
 from __future__ import annotations
 
 from localflash.speculative.adapt import MARGIN, PROBE_EVERY, PROBE_MAX, CostTable
+
+PROBE_SHARE = 0.01  # probes may cost this share of the plain steps' time while drafting is off
+PROBE_FLOOR_MAX = 4 * PROBE_MAX  # ... but a probe comes at least this often (acceptance can change with the text)
 
 
 class StepPolicy:
@@ -84,15 +89,27 @@ class StepPolicy:
                 self.probe_wait = min(PROBE_MAX, 2 * self.probe_wait)
             self.probing = False
             self.cycles_off += 1
-            if self.cycles_off >= self.probe_wait:
+            able = [j for j, lim in enumerate(limits) if lim > 0]
+            turn = able[self.probe_turn % len(able)]
+            if self.cycles_off >= self.probe_wait and self.cycles_off >= self.probe_floor(slots[turn][0], limits):
                 self.cycles_off, self.probing, best = 0, True, min(2, top)
-                able = [j for j, lim in enumerate(limits) if lim > 0]
-                self.probe_slot = able[self.probe_turn % len(able)]
+                self.probe_slot = turn
                 self.probe_turn += 1
         else:
             self.cycles_off, self.probe_wait, self.probing = 0, PROBE_EVERY, False
         self.last_choice = best
         return best
+
+    def probe_floor(self, policy, limits: list[int]) -> float:
+        """Plain steps to wait at least before a probe, so probes cost at most PROBE_SHARE of the time off:
+        a probe's extra (its slot's draft and 2 more rows) over a plain step's cost, / PROBE_SHARE. Where
+        drafts and rows are nearly free (a GPU) this is below the doubling waits and changes nothing."""
+        rows = self.rows(limits, 0)
+        plain, probe = self.verify(rows), self.verify(rows + 2)
+        if not plain or probe is None:
+            return 0.0
+        extra = max(probe - plain, 0.0) + (policy.draft(2 if policy.draft_cost_grows else 1) or 0.0)
+        return min(PROBE_FLOOR_MAX, extra / (PROBE_SHARE * plain))
 
     def record(self, rows: int, seconds: float) -> None:
         self.verify.add(rows, seconds)

@@ -48,3 +48,22 @@ def test_when_drafting_pays_every_slot_drafts_the_chosen_length():
     slots = [(_slot(0.9), 8) for _ in range(4)]
     sp = _step(0.001, 1.0, 4)  # a row nearly free beside the pass
     assert sp.choose(slots) == 8 and sp.probe_slot is None and not sp.probing
+
+
+def test_probes_are_spaced_so_they_cost_at_most_a_small_share_of_the_plain_steps():
+    """A probe's draft costing 3 plain steps (a DFlash block on a CPU): probes come no more often than
+    that cost / PROBE_SHARE steps; with a nearly free draft the doubling waits decide alone."""
+    from localflash.speculative.step_policy import PROBE_SHARE
+
+    def probe_steps(draft_cost: float, per_row: float, base: float) -> list[int]:
+        slot = _slot(0.0)
+        slot.draft.ema.clear()
+        slot.draft.add(1, draft_cost)
+        sp = _step(per_row, base, 1)
+        return [i for i in range(3000) if sp.choose([(slot, 8)])]
+
+    dear = probe_steps(3.0, 1.0, 0.0)  # a plain step costs 1, a probe's 2 more rows 2 more, its draft 3
+    gaps = [b - a for a, b in zip(dear, dear[1:])]
+    assert dear and dear[0] >= (3.0 + 2.0) / PROBE_SHARE - 1 and min(gaps) >= (3.0 + 2.0) / PROBE_SHARE
+    cheap = probe_steps(0.001, 0.001, 1.0)  # rows and drafts nearly free beside the pass (a GPU)
+    assert cheap[0] == PROBE_EVERY - 1 and cheap[1] - cheap[0] == 2 * PROBE_EVERY
