@@ -275,6 +275,7 @@ def check_target(tag: str, tpath: Path, dpath: Path, rep: Report, a) -> None:
     ctx.clear()
     ctx.decode(prompt, 0, "last")
     drafter.on_target_decode(ctx, 0, len(prompt))
+    drafter.catch_up()  # the prompt's rows in now: not inside the first timed draft
     block = [prompt[-1]] + [drafter.mask] * drafter.max_draft
     times = []
     for _ in range(a.reps):

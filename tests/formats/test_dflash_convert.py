@@ -70,6 +70,7 @@ def llama_vs_torch(target: Path, drafter_gguf: Path, model: DFlashDraft, hf_ids:
         tctx.decode(toks[pos:n], pos, "last")
         feats.append(np.concatenate([tctx.layer_input(t, tctx.n_last)[: n - pos] for t in taps], 1).copy())
         dr.on_target_decode(tctx, pos, n - pos)
+        dr.catch_up()  # rows held while not drafting (DFlashDrafter.intake) go in before the block decoded here
         pos = n
         dr.ctx.decode([toks[n]] + [dr.mask] * (dr.block_size - 1), n, "all")
         cpp[n] = dr.ctx.all_logits().copy()
