@@ -89,12 +89,13 @@ class StepPolicy:
                 self.probe_wait = min(PROBE_MAX, 2 * self.probe_wait)
             self.probing = False
             self.cycles_off += 1
-            able = [j for j, lim in enumerate(limits) if lim > 0]
-            turn = able[self.probe_turn % len(able)]
-            if self.cycles_off >= self.probe_wait and self.cycles_off >= self.probe_floor(slots[turn][0], limits):
-                self.cycles_off, self.probing, best = 0, True, min(2, top)
-                self.probe_slot = turn
-                self.probe_turn += 1
+            if self.cycles_off >= self.probe_wait:  # (the slot list is looked at only once the wait is over)
+                able = [j for j, lim in enumerate(limits) if lim > 0]
+                turn = able[self.probe_turn % len(able)]
+                if self.cycles_off >= self.probe_floor(slots[turn][0], limits):
+                    self.cycles_off, self.probing, best = 0, True, min(2, top)
+                    self.probe_slot = turn
+                    self.probe_turn += 1
         else:
             self.cycles_off, self.probe_wait, self.probing = 0, PROBE_EVERY, False
         self.last_choice = best

@@ -204,7 +204,6 @@ def test_dflash_injects_exactly_the_committed_positions(target, tiny_dflash):
     assert drafter.n_injected == len(committed)
     assert drafter.n_held <= 2  # the last cycle drafted nothing (one token left): its rows are held
     drafter.catch_up()
-    assert drafter.n_held == 0
     assert drafter.ctx.pos_max() == len(committed) - 1  # no noise block or rejected row left behind
     drafter.ctx.decode([out[-1]] + [drafter.mask] * 15, len(committed), "all")
     spec_logits = drafter.ctx.all_logits().copy()
