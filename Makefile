@@ -41,8 +41,10 @@ demo: install
 	$(VENV)/bin/localflash run --pair demo --max-tokens 96 \
 	  "Write a short Python function that checks whether a number is prime."
 
+# the suite runs on PYTEST_WORKERS processes (pytest-xdist): 2 matches the 2-core CI host
+PYTEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) tests
 
 bench: install
 	$(PY) benchmarks/speed/bench_spec.py --pair demo
