@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -195,3 +199,14 @@ def test_bench_parallel_reports_aggregate_throughput_per_mode(lf, tiny_target, t
         assert m["generated"] > 0 and m["aggregate_tok_s"] > 0 and m["per_stream_tok_s"] > 0
         assert m["requests"] == report["modes"][0]["requests"]
     assert "aggregate tok/s" in r.stderr
+
+
+def test_benchmarks_md_is_what_its_json_and_hand_written_notes_render(tmp_path):
+    """docs/benchmarks.md is generated: its tables from benchmarks.json, everything after them from benchmarks.notes.md,
+    so a rerun of benchmarks/speed/bench_suite.py keeps every hand-written section (none lives only in the .md)."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    for name in ("benchmarks.json", "benchmarks.notes.md"):
+        shutil.copy(docs / name, tmp_path / name)
+    script = docs.parent / "benchmarks" / "speed" / "bench_suite.py"
+    subprocess.run([sys.executable, str(script), "--render", "--out", str(tmp_path / "benchmarks")], check=True, capture_output=True)
+    assert (tmp_path / "benchmarks.md").read_text(encoding="utf-8") == (docs / "benchmarks.md").read_text(encoding="utf-8")
