@@ -12,7 +12,10 @@ MARGIN more tokens per second than plain decoding before it is chosen:
 a marginal "win" of the model is a loss as often as not.
 While drafting is off it still probes now and then, so it can turn back on;
 each probe that does not turn it back on doubles the wait for the next one
-(PROBE_EVERY .. PROBE_MAX cycles), so a drafter that never pays costs little.
+(PROBE_EVERY .. PROBE_MAX cycles), and probes are spaced so they cost at most
+PROBE_SHARE of the time spent off (:func:`probe_floor`: a CPU where a probe's
+draft and rows cost a few plain steps waits hundreds of steps, a GPU where they
+are nearly free only the doubling waits), so a drafter that never pays costs little.
 """
 
 from __future__ import annotations
@@ -25,6 +28,19 @@ DECAY = 0.98  # weight of history per observation: adapts to phase changes (thin
 MARGIN = 0.05  # drafting must promise this much more throughput than plain decoding
 PROBE_EVERY = 16  # first probe after this many cycles off
 PROBE_MAX = 256  # the wait doubles after each probe that does not pay, up to this
+PROBE_SHARE = 0.01  # probes may cost this share of the plain steps' time while drafting is off
+PROBE_FLOOR_MAX = 4 * PROBE_MAX  # ... but a probe comes at least this often (acceptance can change with the text)
+PROBE_DRAFT = 2  # a probe's draft length
+
+
+def probe_floor(plain: float | None, probe: float | None, draft: float | None) -> float:
+    """Plain steps to wait at least before a probe so probes cost at most PROBE_SHARE of the time off:
+    a probe's extra over a plain step (``probe`` - ``plain``: its verify's extra rows, plus its ``draft``),
+    / PROBE_SHARE. Where drafts and rows are nearly free (a GPU) this is below the doubling waits."""
+    if not plain or probe is None:
+        return 0.0
+    extra = max(probe - plain, 0.0) + (draft or 0.0)
+    return min(PROBE_FLOOR_MAX, extra / (PROBE_SHARE * plain))
 
 
 @dataclass
@@ -128,16 +144,20 @@ class DraftPolicy:
                 self.probe_wait = min(PROBE_MAX, 2 * self.probe_wait)
             self.probing = False
             self.cycles_off += 1
-            if self.cycles_off >= self.probe_wait:
+            if self.cycles_off >= self.probe_wait and self.cycles_off >= self.probe_floor(min(PROBE_DRAFT, top)):
                 self.cycles_off = 0
                 self.probing = True
-                best = min(2, top)
+                best = min(PROBE_DRAFT, top)
         else:
             self.cycles_off = 0
             self.probe_wait = PROBE_EVERY
             self.probing = False
         self.last_choice = best
         return best
+
+    def probe_floor(self, k: int) -> float:
+        """Plain steps to wait at least before a probe of ``k`` drafts (:func:`probe_floor`)."""
+        return probe_floor(self.verify(1), self.verify(k + 1), self.draft(k if self.draft_cost_grows else 1))
 
     def off_reason(self) -> str | None:
         """Why the cost model keeps drafting off, in words and measured numbers; None while drafting pays."""

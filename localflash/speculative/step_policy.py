@@ -22,10 +22,7 @@ on a CPU where a DFlash draft costs two target steps, every ~300 steps instead o
 
 from __future__ import annotations
 
-from localflash.speculative.adapt import MARGIN, PROBE_EVERY, PROBE_MAX, CostTable
-
-PROBE_SHARE = 0.01  # probes may cost this share of the plain steps' time while drafting is off
-PROBE_FLOOR_MAX = 4 * PROBE_MAX  # ... but a probe comes at least this often (acceptance can change with the text)
+from localflash.speculative.adapt import MARGIN, PROBE_DRAFT, PROBE_EVERY, PROBE_MAX, CostTable, probe_floor
 
 
 class StepPolicy:
@@ -93,7 +90,7 @@ class StepPolicy:
                 able = [j for j, lim in enumerate(limits) if lim > 0]
                 turn = able[self.probe_turn % len(able)]
                 if self.cycles_off >= self.probe_floor(slots[turn][0], limits):
-                    self.cycles_off, self.probing, best = 0, True, min(2, top)
+                    self.cycles_off, self.probing, best = 0, True, min(PROBE_DRAFT, top)
                     self.probe_slot = turn
                     self.probe_turn += 1
         else:
@@ -102,15 +99,10 @@ class StepPolicy:
         return best
 
     def probe_floor(self, policy, limits: list[int]) -> float:
-        """Plain steps to wait at least before a probe, so probes cost at most PROBE_SHARE of the time off:
-        a probe's extra (its slot's draft and 2 more rows) over a plain step's cost, / PROBE_SHARE. Where
-        drafts and rows are nearly free (a GPU) this is below the doubling waits and changes nothing."""
-        rows = self.rows(limits, 0)
-        plain, probe = self.verify(rows), self.verify(rows + 2)
-        if not plain or probe is None:
-            return 0.0
-        extra = max(probe - plain, 0.0) + (policy.draft(2 if policy.draft_cost_grows else 1) or 0.0)
-        return min(PROBE_FLOOR_MAX, extra / (PROBE_SHARE * plain))
+        """Plain steps to wait at least before a probe (:func:`~localflash.speculative.adapt.probe_floor`):
+        its slot's draft and its rows over a plain step's."""
+        rows, k = self.rows(limits, 0), PROBE_DRAFT
+        return probe_floor(self.verify(rows), self.verify(rows + k), policy.draft(k if policy.draft_cost_grows else 1))
 
     def record(self, rows: int, seconds: float) -> None:
         self.verify.add(rows, seconds)

@@ -53,7 +53,7 @@ def test_when_drafting_pays_every_slot_drafts_the_chosen_length():
 def test_probes_are_spaced_so_they_cost_at_most_a_small_share_of_the_plain_steps():
     """A probe's draft costing 3 plain steps (a DFlash block on a CPU): probes come no more often than
     that cost / PROBE_SHARE steps; with a nearly free draft the doubling waits decide alone."""
-    from localflash.speculative.step_policy import PROBE_SHARE
+    from localflash.speculative.adapt import PROBE_SHARE
 
     def probe_steps(draft_cost: float, per_row: float, base: float) -> list[int]:
         slot = _slot(0.0)
