@@ -106,7 +106,6 @@ def concurrent_soak(args) -> int:
     server = LiveServer(*load, "-t", args.threads, "-c", str(1024 * slots), "--parallel", str(slots), "--exact", "--queue", "64",
                         log=work / "server.log")
     lock = threading.Lock()
-    greedy: dict[str, str] = {}
     failures: list[str] = []
     kinds: dict[str, int] = {}
     by_design = {"400_too_long": 0}

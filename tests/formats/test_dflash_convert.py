@@ -274,7 +274,7 @@ def test_dflash2_round_trip_keeps_tensors_keys_and_drafts(tiny_target, tmp_path)
     assert {"layers.1.attention_conv.base_kernel", "layers.0.mlp_conv.kernel_projection.weight",
             "candidate_selector.predecessor_codebook", "candidate_selector.hidden_projection.weight"} <= names
     back = hf_to_gguf(hf, tmp_path / "back.gguf", tiny_target, quant="F32")
-    (i1, t1), (i2, t2) = read_dflash_gguf(src), read_dflash_gguf(back)
+    (_, t1), (i2, t2) = read_dflash_gguf(src), read_dflash_gguf(back)
     assert isinstance(i2.spec, DFlash2Spec) and i2.spec.dflash2_keys() == spec.dflash2_keys()
     assert sorted(t1) == sorted(t2) and all(np.array_equal(t1[k], t2[k]) for k in t1)
 

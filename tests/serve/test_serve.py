@@ -62,7 +62,6 @@ def chat(server: LiveServer, stream: bool, **kw):
 
 
 def test_chat_streamed_equals_whole_equals_localflash_run(tiny_server, tiny_target, tiny_dflash, lf):
-    client = tiny_server.client()
     whole, finish, usage, timings, _ = chat(tiny_server, stream=False)
     streamed, s_finish, s_usage, s_timings, _ = chat(tiny_server, stream=True)
     run = lf("run", "-m", tiny_target, "--drafter", tiny_dflash, "-t", "1", "-n", "24", "--temp", "0", PROMPT)
