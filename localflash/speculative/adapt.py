@@ -33,13 +33,15 @@ PROBE_FLOOR_MAX = 4 * PROBE_MAX  # ... but a probe comes at least this often (ac
 PROBE_DRAFT = 2  # a probe's draft length
 
 
-def probe_floor(plain: float | None, probe: float | None, draft: float | None) -> float:
+def probe_floor(plain: float | None, probe: float | None, draft: float | None, measured: float | None = None) -> float:
     """Plain steps to wait at least before a probe so probes cost at most PROBE_SHARE of the time off:
-    a probe's extra over a plain step (``probe`` - ``plain``: its verify's extra rows, plus its ``draft``),
-    / PROBE_SHARE. Where drafts and rows are nearly free (a GPU) this is below the doubling waits."""
+    a probe's extra over a plain step (``probe`` - ``plain``: its verify's extra rows, plus its ``draft``;
+    or what the last probe was ``measured`` to cost over a plain step, if more: a draft model that catches
+    up on the tokens it missed pays for them in the probe), / PROBE_SHARE. Where drafts and rows are nearly
+    free (a GPU) this is below the doubling waits."""
     if not plain or probe is None:
         return 0.0
-    extra = max(probe - plain, 0.0) + (draft or 0.0)
+    extra = max(max(probe - plain, 0.0) + (draft or 0.0), measured or 0.0)
     return min(PROBE_FLOOR_MAX, extra / (PROBE_SHARE * plain))
 
 
@@ -91,6 +93,7 @@ class DraftPolicy:
         self.cycles_off = 0
         self.probe_wait = PROBE_EVERY
         self.probing = False  # the last choice was a probe, not the model's pick
+        self.probe_extra: float | None = None  # seconds the last probe cycle took over a plain step
         self.last_choice = max_draft
 
     def accept_rate(self, j: int) -> float:
@@ -157,7 +160,7 @@ class DraftPolicy:
 
     def probe_floor(self, k: int) -> float:
         """Plain steps to wait at least before a probe of ``k`` drafts (:func:`probe_floor`)."""
-        return probe_floor(self.verify(1), self.verify(k + 1), self.draft(k if self.draft_cost_grows else 1))
+        return probe_floor(self.verify(1), self.verify(k + 1), self.draft(k if self.draft_cost_grows else 1), self.probe_extra)
 
     def off_reason(self) -> str | None:
         """Why the cost model keeps drafting off, in words and measured numbers; None while drafting pays."""
@@ -180,6 +183,8 @@ class DraftPolicy:
         return text + "; the drafter's tokens are not accepted often enough here"
 
     def record(self, n_drafted: int, n_accepted: int, t_verify: float, t_draft: float) -> None:
+        if self.probing and n_drafted:
+            self.probe_extra = t_draft + max(t_verify - (self.verify(1) or 0.0), 0.0)
         self.verify.add(n_drafted + 1, t_verify)
         if n_drafted:
             self.draft.add(n_drafted if self.draft_cost_grows else 1, t_draft)

@@ -59,6 +59,25 @@ def test_probes_cost_at_most_their_share_of_the_time_off():
         assert max(gaps) <= max(want, PROBE_MAX) + 1
 
 
+def test_a_probe_that_cost_more_than_modelled_spaces_the_next_by_what_it_cost():
+    """A draft model's probe also decodes the tokens it missed while off (up to 64 in one batch): the probe cycle's
+    measured extra over a plain step, not the modelled draft + rows, sets the wait before the next probe."""
+    p = _policy(1.0, 0.0, 0.0)  # modelled: a probe's 2 extra rows cost 2 plain steps, its draft nothing
+    modelled = 2.0 / PROBE_SHARE
+    steps = 0
+    while p.choose(100) == 0:
+        steps += 1
+    assert steps >= modelled - 1
+    p.record(2, 0, 3.0, 5.0)  # the probe: a 3-row verify (3 steps) and 5 steps of draft and catch-up; nothing accepted
+    assert p.probe_extra == pytest.approx(5.0 + 2.0)
+    steps = 0
+    while p.choose(100) == 0:
+        steps += 1
+    assert steps >= min((5.0 + 2.0) / PROBE_SHARE, PROBE_FLOOR_MAX) - 1 > modelled
+    p.record(0, 0, 1.0, 0.0)  # a plain step after the probe does not touch what the probe cost
+    assert p.probe_extra == pytest.approx(7.0)
+
+
 def test_a_probe_that_pays_resets_the_wait():
     p = _policy(0.001, 1.0, 0.0)
     while p.choose(100) == 0:
