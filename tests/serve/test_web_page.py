@@ -88,6 +88,8 @@ class Page:
                 self.page.fill(el, str(value))
         self.press("#set-max_tokens")
         self.page.wait_for_selector("#settings", state="hidden")
+        applied = "(f) => Object.entries(f).every(([k, v]) => window.localflashPage.state.settings[k] === v)"
+        self.page.wait_for_function(applied, arg=fields, timeout=10_000)
 
     def send(self, text: str) -> None:
         self.page.focus("#input")

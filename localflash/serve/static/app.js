@@ -441,6 +441,9 @@ function init() {
   });
   $("clear-btn").onclick = clearChat;
   $("settings-btn").onclick = () => { fillSettings(); $("settings").showModal(); };
+  // read on submit (Enter), which runs before the dialog closes; its "close" event is queued and can reach
+  // the page after the next keystroke, and it still covers Esc
+  $("settings-form").addEventListener("submit", readSettings);
   $("settings").addEventListener("close", () => {
     readSettings();
     // back to the message box from where the dialog returned focus, never from an edit begun since
