@@ -41,16 +41,49 @@ def modules() -> dict[str, Path]:
     return out
 
 
+def root_exports() -> dict[str, str]:
+    """What ``from localflash import NAME`` (or ``localflash.NAME``) really imports: NAME -> the module behind it.
+
+    The root re-exports lazily (``_API`` in ``localflash/__init__.py``, read by its ``__getattr__``) and may import
+    names itself; both are read from the source. ``__version__`` and the like live in the root itself.
+    """
+    out = {}
+    for node in ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_API" for t in node.targets):
+            out |= {name: f"localflash.{mod}" for name, mod in ast.literal_eval(node.value).items()}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("localflash"):
+            out |= {(a.asname or a.name): node.module for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out |= {t.id: "localflash" for t in targets if isinstance(t, ast.Name)}
+    return out
+
+
 def imports(path: Path, mods: dict[str, Path]) -> list[tuple[str, int]]:
-    """(module imported, line) for every localflash import in ``path``, lazy ones included."""
+    """(module imported, line) for every localflash import in ``path``, lazy ones included.
+
+    A name taken from the package root (``from localflash import LLM``, or ``localflash.LLM`` after ``import
+    localflash``) counts as an import of the module the root re-exports it from; a root name that is neither a
+    submodule nor a known re-export is reported as ``localflash.?NAME`` (no layer: the guard fails on it).
+    """
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    root = root_exports()
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("localflash"):
             for a in node.names:
                 sub = f"{node.module}.{a.name}"
-                found.append((sub if sub in mods else node.module, node.lineno))
+                if sub in mods:
+                    found.append((sub, node.lineno))
+                elif node.module == "localflash":
+                    found.append((root.get(a.name, f"localflash.?{a.name}"), node.lineno))
+                else:
+                    found.append((node.module, node.lineno))
         elif isinstance(node, ast.Import):
             found += [(a.name, node.lineno) for a in node.names if a.name.startswith("localflash")]
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "localflash"
+              and f"localflash.{node.attr}" not in mods and node.attr in root):
+            found.append((root[node.attr], node.lineno))
     return found
 
 
@@ -78,11 +111,24 @@ def test_layers_import_downward_only():
             continue
         for target, line in imports(path, mods):
             dst = part(target)
-            if dst in (src, "__init__") and not (src != "__init__" and target == "localflash" and dst == "__init__"):
+            if dst.startswith("?"):
+                bad.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {src} imports {dst[1:]} from the package root, which neither "
+                           "has such a submodule nor re-exports it")
+                continue
+            if dst in (src, "__init__"):  # its own part, or a name living in the root itself (__version__)
                 continue
             if LAYER.get(dst, -1) >= LAYER[src]:
                 bad.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {src} (layer {LAYER[src]}) imports {target} (layer {LAYER.get(dst)})")
     assert not bad, "\n".join(bad)
+
+
+def test_root_re_exports_count_as_imports_of_their_real_modules(tmp_path):
+    """``from localflash import LLM`` in a low layer reaches the API layer: the guard must see localflash.api, not the root."""
+    mods = modules()
+    assert root_exports()["LLM"] == "localflash.api" and root_exports()["Completion"] == "localflash.session"
+    low = tmp_path / "low.py"
+    low.write_text("import localflash\nfrom localflash import LLM, __version__\n\ndef f():\n    return localflash.load\n")
+    assert imports(low, mods) == [("localflash", 1), ("localflash.api", 2), ("localflash", 2), ("localflash.api", 5)]
 
 
 def test_cli_and_serve_use_only_the_public_api():
