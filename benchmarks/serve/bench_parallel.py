@@ -35,6 +35,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import openai
 
 from localflash.errors import LocalflashError
@@ -84,11 +85,12 @@ def main() -> int:
             for _round in range(args.rounds):  # interleaved: every server once a round, so drift hits them alike
                 for key, server in servers.items():
                     load = os.getloadavg()[0]
-                    cpu0 = cpu_seconds(server.proc.pid)
+                    cpu0, d0 = cpu_seconds(server.proc.pid), draft_counts(server)
                     replies, wall = _run(server, s, args.requests, args.max_tokens)
-                    runs[key].append((replies, wall, load, cpu_seconds(server.proc.pid) - cpu0))
+                    d1 = draft_counts(server)
+                    runs[key].append((replies, wall, load, cpu_seconds(server.proc.pid) - cpu0, d1[0] - d0[0], d1[1] - d0[1]))
             for (mode, parallel), got in runs.items():
-                replies, wall, load, _cpu = max(got, key=lambda r: sum(n for _, n, _ in r[0].values()) / r[1])  # the best round
+                replies, wall, load, _cpu, _d, _a = max(got, key=lambda r: sum(n for _, n, _ in r[0].values()) / r[1])  # the best round
                 tokens = sum(n for _, n, _ in replies.values())
                 per_stream = sum(n / t for _, n, t in replies.values() if t > 0) / len(replies)
                 same = None
@@ -102,7 +104,8 @@ def main() -> int:
                        "aggregate_tok_s": round(tokens / wall, 1), "per_stream_tok_s": round(per_stream, 1),
                        "rounds_tok_s": [round(sum(n for _, n, _ in r[0].values()) / r[1], 1) for r in got],
                        "rounds_tok_per_cpu_s": [round(sum(n for _, n, _ in r[0].values()) / max(r[3], 1e-9), 1) for r in got],
-                       "same_as_fifo": same, "load_1min": round(load, 2)}
+                       "same_as_fifo": same, "load_1min": round(load, 2),
+                       "drafted": sum(r[4] for r in got), "accepted": sum(r[5] for r in got)}  # every round's, from /metrics
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
@@ -170,8 +173,8 @@ def markdown(rows: list[dict], args) -> str:
     lines = [f"{'model ' + Path(args.model).name if args.model else 'pair ' + args.pair}, {args.max_tokens} tokens a request, "
              f"{args.requests} requests a stream, -t {args.threads}, best of {args.rounds} interleaved rounds" + (", --exact" if args.exact else ""),
              "", "| mode | streams | FIFO agg tok/s | slots agg tok/s | slots / FIFO | slots / plain slots | same, by server CPU s "
-             "| FIFO per-stream | slots per-stream | same | load (FIFO / slots) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| FIFO per-stream | slots per-stream | same | slots drafted / accepted | load (FIFO / slots) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     by = {(r["mode"], r["server"] == "fifo", r["streams"]): r for r in rows}
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     for r in sorted((r for r in rows if r["server"] != "fifo"), key=lambda r: (modes.index(r["mode"]), r["streams"])):
@@ -183,16 +186,28 @@ def markdown(rows: list[dict], args) -> str:
         vs_plain_cpu = f"{paired(r, plain, 'rounds_tok_per_cpu_s'):.2f}×" if plain else "—"
         lines.append(f"| {r['mode']} | {r['streams']} | {f['aggregate_tok_s']} | {r['aggregate_tok_s']} | "
                      f"{paired(r, f):.2f}× | {vs_plain} | {vs_plain_cpu} | {f['per_stream_tok_s']} | {r['per_stream_tok_s']} | "
-                     f"{r['same_as_fifo']}/{r['requests']} | {f['load_1min']} / {r['load_1min']} |")
+                     f"{r['same_as_fifo']}/{r['requests']} | {r['drafted']} / {r['accepted']} | {f['load_1min']} / {r['load_1min']} |")
     lines += ["", "Ratios: the median over rounds of the two servers' aggregates in the same round (the machine's drift "
               "moves both alike); aggregates: each server's best round. By server CPU s: tokens per CPU second of the "
-              "server process (user + system), paired the same way."]
+              "server process (user + system), paired the same way. Drafted / accepted: draft tokens the slot server's "
+              "/metrics counted over every round (a ratio to plain slots says what drafting cost only where it drafted)."]
     return "\n".join(lines)
 
 
 def paired(row: dict, base: dict, key: str = "rounds_tok_s") -> float:
     """The median over rounds of ``row``'s aggregate over ``base``'s in the same round."""
     return statistics.median(a / b for a, b in zip(row[key], base[key]))
+
+
+def draft_counts(server) -> tuple[int, int]:
+    """The server's draft tokens and accepted draft tokens so far (/metrics)."""
+    text = httpx.get(server.url + "/metrics", timeout=60).text
+    got = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("llamacpp:spec_decode_num_draft_tokens_total", "llamacpp:spec_decode_num_accepted_tokens_total"):
+            got[name] = int(float(value))
+    return got.get("llamacpp:spec_decode_num_draft_tokens_total", 0), got.get("llamacpp:spec_decode_num_accepted_tokens_total", 0)
 
 
 def cpu_seconds(pid: int) -> float:
