@@ -90,6 +90,12 @@ WIDE_HYBRID = dict(n_embd=256, n_ff=512, head_dim=64, n_rot=16, linear_head_dim=
 
 
 @pytest.fixture(scope="session")
+def wide_hybrid() -> dict:
+    """The widths of the K-quant hybrids (for files that go with them: their drafters)."""
+    return dict(WIDE_HYBRID)
+
+
+@pytest.fixture(scope="session")
 def tiny_q4k(tiny_dir) -> Path:
     """A 2-layer llama, 256 wide, quantized to Q4_K_M."""
     from localflash.llama.quantize import quantize

@@ -128,6 +128,7 @@ class SlotPool:
         self.calibrated = not (adaptive and top)
         self.steps = 0
         self.rows_decoded = 0
+        self.most_active = 0  # the most slots one step decoded together
         self._calls: list = []
         self._joining: list[SlotEngine] = []
         self._cv = threading.Condition()
@@ -443,6 +444,7 @@ class SlotPool:
             self.policy.record(rows, t_decode)
         self.steps += 1
         self.rows_decoded += rows
+        self.most_active = max(self.most_active, len(plans))
         # cuts that need no decode first, right after the decode whose rows (snapshots, layer inputs) they use, then
         # every such slot's drafter takes in its committed rows in one group call; then the cuts that replay (a
         # target decode of that slot alone), each followed by its own drafter's intake

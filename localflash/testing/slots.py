@@ -30,17 +30,31 @@ AFTER = "quiet " + " ".join(PROMPTS * 15) + " cold bright window"  # reuses the 
 LATE = {LONG: 12, AFTER: 12}  # the prefill case's reply lengths
 
 
+ECHOED = (1, 3)  # these prompts also get their own greedy reply once (echo_prompts): a random target seldom repeats itself
+
+
+def echo_prompts(llm) -> None:
+    """PROMPTS with prompts ECHOED as ``prompt + its greedy reply + " " + prompt`` (in place: every function here
+    reads PROMPTS): a llama target, near-Markov, replies to the repeated prompt much as it did the first time, so
+    the n-gram lookup finds what follows. ``llm``: a one-slot LLM (its greedy reply is plain decoding's)."""
+    for i in ECHOED:
+        PROMPTS[i] = PROMPTS[i] + llm.generate(PROMPTS[i], max_tokens=LENGTHS[i], raw=True).text + " " + PROMPTS[i]
+
+
 def sampled(i: int) -> dict:
     return dict(temperature=0.9, top_k=20, seed=100 + i)
 
 
-def solo(opts: dict) -> tuple[list, list]:
-    """Each prompt alone on a one-slot LLM: greedy, and sampled with its seed."""
+def solo(opts: dict, with_seeds: bool = True) -> tuple[list, list]:
+    """Each prompt alone on a one-slot LLM: greedy, and (``with_seeds``) sampled with its seed (n-gram: on echo_prompts)."""
     from localflash.api import load
 
     with load(**opts, parallel=1) as llm:
+        if "ngram" in (opts.get("spec") or ""):
+            echo_prompts(llm)
         greedy = [llm.generate(p, max_tokens=n).token_ids for p, n in zip(PROMPTS, LENGTHS)]
-        seeded = [llm.generate(p, max_tokens=n, **sampled(i)).token_ids for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS))]
+        seeded = [llm.generate(p, max_tokens=n, **sampled(i)).token_ids for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS))
+                  if with_seeds]
     return greedy, seeded
 
 
@@ -111,9 +125,12 @@ def joining(llm) -> dict:
     return out
 
 
-def concurrent(llm, n_slots: int, with_seeds: bool) -> list:
-    """Each prompt on a slot, all at once (prompt i waits for slot i % n_slots); slot 0 first streams a reply it cancels."""
+def concurrent(llm, n_slots: int, with_seeds: bool, counts: dict | None = None) -> list:
+    """Each prompt on a slot, all at once (prompt i waits for slot i % n_slots); slot 0 first streams a reply it cancels.
+
+    ``counts`` adds up the replies' drafted and accepted tokens and their cache cuts by kind (their Stats)."""
     out: list = [None] * len(PROMPTS)
+    lock = threading.Lock()
     ready = threading.Event()
 
     def cancelled_stream():
@@ -130,7 +147,12 @@ def concurrent(llm, n_slots: int, with_seeds: bool) -> list:
         ready.wait()
         for i in range(slot, len(PROMPTS), n_slots):
             kw = sampled(i) if with_seeds else {}
-            out[i] = llm.start(PROMPTS[i], raw=True, max_tokens=LENGTHS[i], slot=slot, **kw).completion().token_ids
+            done = llm.start(PROMPTS[i], raw=True, max_tokens=LENGTHS[i], slot=slot, **kw).completion()
+            out[i] = done.token_ids
+            if counts is not None:
+                with lock:
+                    for key in ("drafted", "accepted", "checkpoint_restores", "snapshot_rollbacks"):
+                        counts[key] = counts.get(key, 0) + getattr(done.stats, key)
 
     threads = [threading.Thread(target=run, args=(s,)) for s in range(n_slots)]
     for t in threads:
@@ -146,7 +168,7 @@ def main(spec: dict) -> dict:
     opts = {k: v for k, v in spec.items() if k not in ("slots", "cases")}
     n = spec.get("slots", 4)
     cases = spec.get("cases", ())
-    greedy, seeded = solo(opts) if "prefill" not in cases else ([], [])
+    greedy, seeded = solo(opts, "sampled" in cases) if "prefill" not in cases else ([], [])
     res: dict = {"solo_greedy": greedy, "solo_sampled": seeded}
     if "prefill" in cases:  # a case of its own: the long prompts alone first, then joining
         res["solo_late"] = solo_late(opts)
@@ -157,12 +179,13 @@ def main(spec: dict) -> dict:
     with load(**opts, parallel=n) as llm:
         res["n_slots"] = llm.n_slots
         res["info_slots"] = llm.info().slots
-        res["greedy"] = concurrent(llm, n, with_seeds=False)
+        res["counts_greedy"], res["counts_sampled"] = {}, {}
+        res["greedy"] = concurrent(llm, n, with_seeds=False, counts=res["counts_greedy"])
         if "sampled" in spec.get("cases", ()):
-            res["sampled"] = concurrent(llm, n, with_seeds=True)
+            res["sampled"] = concurrent(llm, n, with_seeds=True, counts=res["counts_sampled"])
         if "batch" in spec.get("cases", ()):
             res["batch"] = [c.token_ids for c in llm.generate_batch(PROMPTS * 2, max_tokens=16)]
-        res["steps"], res["rows"] = llm.pool.steps, llm.pool.rows_decoded
+        res["steps"], res["rows"], res["most_active"] = llm.pool.steps, llm.pool.rows_decoded, llm.pool.most_active
         res["idle"] = all(s["state"] == "idle" for s in llm.slots())
     return res
 

@@ -35,10 +35,12 @@ def servers():
     b.kill()
 
 
-def outputs(n_tokens: int, **options) -> tuple[list[list[int]], object]:
+def outputs(n_tokens: int, **options) -> tuple[list[list[int]], object, dict]:
+    """Each prompt's greedy reply, the plan, and the replies' drafted and accepted tokens together."""
     with load(threads=1, exact=True, **options) as llm:
-        got = [llm.generate(p, max_tokens=n_tokens).token_ids for p in PROMPTS]
-        return got, llm.info().plan
+        done = [llm.generate(p, max_tokens=n_tokens) for p in PROMPTS]
+        counts = {"drafted": sum(c.stats.drafted for c in done), "accepted": sum(c.stats.accepted for c in done)}
+        return [c.token_ids for c in done], llm.info().plan, counts
 
 
 def remote_blocks(plan) -> dict[str, str]:
@@ -46,23 +48,39 @@ def remote_blocks(plan) -> dict[str, str]:
 
 
 def test_tiny_target_every_drafter_over_two_rpc_servers_equals_local_plain(servers, tiny_target, tiny_dflash, tiny_drafters):
-    want, _ = outputs(48, model=tiny_target, spec="none", ctx=1024)
+    """``--fixed``: every cycle drafts (the lookup: wherever it finds a match), so the equality covers verify passes over
+    the wire, and the drafted and accepted counts say so. The random DFlash drafter is (almost) never right on any
+    prompt, over RPC or not: its counts over RPC must equal its counts with the target local (a verify that went wrong
+    on the wire would change them); the demo pair's trained drafter shows DFlash accepting over RPC (test below)."""
+    want, _, _ = outputs(48, model=tiny_target, spec="none", ctx=1024)
+    _, _, dflash_local = outputs(48, model=tiny_target, spec="dflash", drafter=tiny_dflash, ctx=1024, fixed=True, draft_max=4)
     cases = [("none", None), ("ngram", None), ("dflash", tiny_dflash), ("draft", tiny_drafters["near"]),
              ("dflash+ngram", tiny_dflash)]
     for spec, drafter in cases:
-        got, plan = outputs(48, model=tiny_target, spec=spec, drafter=drafter, ctx=1024, rpc=servers)
+        got, plan, counts = outputs(48, model=tiny_target, spec=spec, drafter=drafter, ctx=1024, rpc=servers, fixed=True, draft_max=4)
         assert got == want, f"--spec {spec} over RPC diverged from local plain decoding"
+        if spec == "none":
+            assert counts["drafted"] == 0
+        else:
+            assert counts["drafted"] > 0, (spec, counts)
+        if spec in ("ngram", "draft", "dflash+ngram"):
+            assert counts["accepted"] > 0, (spec, counts)  # the lookup on the prompts' repeats, a noisy copy of the target
+        if spec == "dflash":
+            assert counts == dflash_local, (counts, dflash_local)
         placed = remote_blocks(plan)
         assert set(placed) == set(servers) and all(placed.values()), placed  # both servers hold blocks
         assert "blocks" not in plan.host.layers  # every block remote; the host keeps embedding + output
 
 
 def test_demo_pair_over_two_rpc_servers_equals_local_plain(servers):
+    """The trained DFlash drafter, the n-gram lookup and the target as its own draft model, ``--fixed``: every one
+    drafts and has drafts accepted over the wire."""
     demo = get_pair("demo")
-    want, _ = outputs(64, pair="demo", spec="none")
+    want, _, _ = outputs(64, pair="demo", spec="none")
     for spec, drafter in (("dflash", None), ("ngram", None), ("draft", demo.target)):
-        got, plan = outputs(64, pair="demo", spec=spec, drafter=drafter, rpc=servers)
+        got, plan, counts = outputs(64, pair="demo", spec=spec, drafter=drafter, rpc=servers, fixed=True, draft_max=4)
         assert got == want, f"demo --spec {spec} over RPC diverged from local plain decoding"
+        assert counts["drafted"] > 0 and counts["accepted"] > 0, (spec, counts)
         placed = remote_blocks(plan)
         assert set(placed) == set(servers)
         n_remote = sum(int(b) - int(a) + 1 for a, b in (v.split(",")[0].split("-") for v in placed.values()))

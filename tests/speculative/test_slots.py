@@ -2,13 +2,17 @@
 
 Configuration: exact mode (``exact=True``: batch-invariant CPU numerics, see engine.exact_options)
 at one thread, and one KV stream per slot (engine.open_engine: ``kv_unified=False``), so a row's
-logits do not depend on which other sequences share its batch. Each check runs
+logits do not depend on which other sequences share its batch. That holds for the tiny F32 llama
+and for a hybrid whose every matmul weight is a K-quant (the Q4_K_M qwen35 here), not for an F32
+hybrid nor any qwen3next (tests/llama/test_exact.py): qwen3next's slots are checked for what they
+do (drafts, checkpoint + replay cuts, every request ending), not for equality. Each check runs
 ``localflash.testing.slots`` in a subprocess (exact mode is per process): requests run
 concurrently from threads on the slots of one LLM (more requests than slots: later ones join
 between steps), one stream is cancelled mid-way, and each reply is compared token for token with
 a one-slot LLM's reply (greedy, and sampled with the same seed). ``fixed`` drafting makes every
 step draft, so every step verifies and cuts each slot's cache (KV tails, recurrent snapshots,
-checkpoint + replay on qwen3next).
+checkpoint + replay on qwen3next); each check also asserts that it did: two or more slots in one
+step, drafted tokens for every kind but ``none``, and accepted ones where the drafter can be right.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ WORDS = "the clam river stone quiet light north seven garden market paper window
 
 
 @pytest.fixture(scope="module")
-def files(tiny_dir, tiny_target, tiny_qwen35, tiny_qwen35_mtp_agree, tiny_qwen3next):
+def files(tiny_dir, tiny_target, tiny_qwen35_q4k, tiny_qwen3next, wide_hybrid):
     return {
         "none": (tiny_target, None),
         "ngram": (tiny_target, None),
@@ -37,12 +41,13 @@ def files(tiny_dir, tiny_target, tiny_qwen35, tiny_qwen35_mtp_agree, tiny_qwen3n
         "dflash2": (tiny_target, write_dflash2(tiny_dir / "slots-dflash2.gguf", DFlash2Spec(target_layers=[1, 2, 3]))),
         "dflash+ngram": (tiny_target, write_dflash(tiny_dir / "slots-dflash.gguf", DFlashSpec(target_layers=[1, 2, 3], block_size=8))),
         "eagle3": (tiny_target, write_eagle3(tiny_dir / "slots-eagle3.gguf", Eagle3Spec(echo=4.0, fc_scale=0.3))),
-        "qwen35-none": (tiny_qwen35, None),
-        "qwen35-ngram": (tiny_qwen35, None),
-        "qwen35-draft": (tiny_qwen35, write_hybrid(tiny_dir / "slots-q35-draft.gguf", HybridSpec(seed=3, noise=0.1))),
-        "qwen35-mtp": (tiny_qwen35_mtp_agree, None),
-        "qwen35-dflash": (tiny_qwen35, write_dflash(tiny_dir / "slots-q35-dflash.gguf", DFlashSpec(target_layers=[1, 3, 5], block_size=8, seed=5))),
-        "qwen3next-ngram": (tiny_qwen3next, None),
+        # the hybrid is the K-quant one (exact in exact mode); its MTP block mostly repeats the trunk's guess
+        "qwen35-none": (tiny_qwen35_q4k, None),
+        "qwen35-ngram": (tiny_qwen35_q4k, None),
+        "qwen35-draft": (tiny_qwen35_q4k, write_hybrid(tiny_dir / "slots-q35w-draft.gguf", HybridSpec(seed=3, noise=0.1, **wide_hybrid))),
+        "qwen35-mtp": (tiny_qwen35_q4k, None),
+        "qwen35-dflash": (tiny_qwen35_q4k, write_dflash(tiny_dir / "slots-q35w-dflash.gguf",
+                                                        DFlashSpec(n_embd=256, target_layers=[1, 3, 5], block_size=8, seed=5))),
         "qwen3next-dflash": (tiny_qwen3next, write_dflash(tiny_dir / "slots-q3n-dflash.gguf", DFlashSpec(target_layers=[1, 3, 5], block_size=8, seed=6))),
     }
 
@@ -62,16 +67,55 @@ def _check(opts: dict, slots: int, cases: tuple[str, ...]) -> dict:
 
 
 KINDS = ["none", "ngram", "draft", "dflash", "dflash2", "dflash+ngram", "eagle3",
-         "qwen35-none", "qwen35-ngram", "qwen35-draft", "qwen35-mtp", "qwen35-dflash", "qwen3next-ngram", "qwen3next-dflash"]
+         "qwen35-none", "qwen35-ngram", "qwen35-draft", "qwen35-mtp", "qwen35-dflash"]
+# where a drafter can be right: n-gram on the echoed prompts (localflash.testing.slots.echo_prompts) of a llama,
+# which replies to a repeated prompt as it did the first time (a random hybrid does not: its recurrent state differs),
+# a draft model that is a noisy copy of its target, the echoing EAGLE-3 and the agreeing MTP block; a random DFlash
+# block is (almost) never right
+CAN_ACCEPT = {"ngram", "draft", "eagle3", "qwen35-draft", "qwen35-mtp"}
+
+
+def _drafting_ran(r: dict, kind: str) -> None:
+    """The slots shared steps and drafted: a model drafter in both cases (``fixed``: every step), the n-gram lookup
+    at least greedy (on the echoed prompts; sampled text need not repeat); and accepted where the drafter can be right."""
+    assert r["most_active"] >= 2, r["most_active"]  # two or more slots in one step's decode
+    greedy, sampled = r["counts_greedy"], r["counts_sampled"]
+    if kind.endswith("none"):
+        assert greedy["drafted"] == sampled.get("drafted", 0) == 0, (greedy, sampled)
+        return
+    assert greedy["drafted"] > 0, greedy
+    if kind.split("-")[-1] != "ngram" and "sampled" in r:
+        assert sampled["drafted"] > 0, sampled
+    if kind in CAN_ACCEPT:
+        assert greedy["accepted"] + sampled.get("accepted", 0) > 0, (greedy, sampled)
+
+
+GREEDY_ONLY = {"qwen35-none", "qwen35-draft", "qwen35-dflash"}  # the K-quant hybrid's sampled replies: with n-gram and MTP
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_concurrent_replies_equal_solo_replies(files, kind):
-    r = _check(_options(files, kind), 4, ("sampled",))
+    r = _check(_options(files, kind), 4, () if kind in GREEDY_ONLY else ("sampled",))
     assert r["n_slots"] == 4 and r["info_slots"] == 4
     assert r["greedy"] == r["solo_greedy"]
-    assert r["sampled"] == r["solo_sampled"]
-    assert r["steps"] > 0 and r["rows"] > r["steps"]  # batched rows, and drafts verified
+    assert r.get("sampled", []) == r["solo_sampled"]
+    _drafting_ran(r, kind)
+    assert r["idle"]
+
+
+def test_qwen3next_slots_draft_and_cut_by_checkpoint_and_replay(files):
+    """qwen3next is not exact in exact mode (this F32 file, and a Q4_K_M one whose expert router stays F32), so its
+    concurrent replies are not claimed equal to solo ones; what is checked: shared steps, drafts, cuts by checkpoint
+    restore + replay (no snapshot reaches back there), every request ended at its length or the model's end, idle after."""
+    from localflash.testing.slots import LENGTHS
+
+    kind = "qwen3next-dflash"
+    r = _check(_options(files, kind), 4, ("sampled",))
+    _drafting_ran(r, kind)
+    for case in ("counts_greedy", "counts_sampled"):
+        assert r[case]["checkpoint_restores"] > 0 and r[case]["snapshot_rollbacks"] == 0, r[case]
+    for replies in (r["greedy"], r["sampled"]):
+        assert all(0 < len(got) <= n for got, n in zip(replies, LENGTHS))
     assert r["idle"]
 
 
