@@ -98,7 +98,9 @@ class ChatStyle:
         tools = params.get("tools")
         choice = body.tool_choice
         if tools and (choice == "required" or isinstance(choice, S.NamedToolChoice)):
-            name = choice.function.name if isinstance(choice, S.NamedToolChoice) else None
+            name = choice.function.get("name") if isinstance(choice, S.NamedToolChoice) else None
+            if isinstance(choice, S.NamedToolChoice) and not isinstance(name, str):
+                raise APIError(400, "tool_choice.function.name must name one of the tools", param="tool_choice")
             if name is not None and name not in {t["function"]["name"] for t in tools}:
                 raise APIError(400, f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
             constrain(params, tool_grammar(self.format.name, tools, name, parallel=body.parallel_tool_calls is not False), llm)
