@@ -87,6 +87,7 @@ class LLMInfo:
     plan: Any = None  # the memory plan it loaded with (:class:`localflash.plan.fit.Plan`); None without one
     thinking: bool = False  # the chat template has a thinking switch (``thinking=`` / enable_thinking)
     slots: int = 1  # parallel slots (requests decoded together); n_ctx is each slot's share
+    chat_template: str | None = None  # the target's chat template source (the server detects its tool-call format from it)
 
 
 class LLM:
@@ -187,6 +188,7 @@ class LLM:
             plan=getattr(self.pool or self.engine, "plan", None),
             thinking=self.session.can_think,
             slots=self.n_slots,
+            chat_template=self.target.chat_template(),
         )
 
     def off_reason(self) -> str | None:

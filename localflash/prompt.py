@@ -33,21 +33,30 @@ def render_chat(
     extra = {} if thinking is None else {"enable_thinking": thinking}
     if tools:
         extra["tools"] = tools
-    try:
+    def render(object_arguments: bool) -> str:
         return env.from_string(source).render(
-            messages=[template_message(m) for m in messages],
+            messages=[template_message(m, object_arguments) for m in messages],
             add_generation_prompt=add_generation_prompt,
             bos_token=model.token_text(model.bos) if model.bos >= 0 else "",
             eos_token=model.token_text(model.eos) if model.eos >= 0 else "",
             **extra,
         )
+
+    try:
+        try:
+            return render(True)
+        except TypeError:
+            if not any(m.get("tool_calls") for m in messages if isinstance(m, dict)):
+                raise
+            # templates that add the arguments to a string (DeepSeek R1's) take them as JSON text
+            return render(False)
     except TemplateError as e:
         raise LocalflashError(f"the chat template of {model.path.name} failed: {e}") from e
     except (TypeError, ValueError, AttributeError, KeyError) as e:  # a message the template cannot take
         raise LocalflashError(f"the chat template of {model.path.name} cannot render these messages: {e}") from e
 
 
-def template_message(m: dict) -> dict:
+def template_message(m: dict, object_arguments: bool = True) -> dict:
     """One OpenAI-style message as chat templates expect it: the one rendering the API and the server share.
 
     - role ``developer`` (OpenAI's newer name for ``system``) becomes ``system``;
@@ -58,7 +67,8 @@ def template_message(m: dict) -> dict:
     - keys set to None are left out, as if the client had not sent them;
     - tool-call ``arguments`` given as JSON text of an object become that object (templates
       print it with ``tojson``, as llama.cpp and Hugging Face do); empty text is ``{}``;
-      anything else stays as given.
+      anything else stays as given. With ``object_arguments`` False they stay JSON text (for a
+      template that joins them to a string, as DeepSeek R1's does; ``render_chat`` retries so).
     """
     out = {k: v for k, v in m.items() if v is not None}
     if out.get("role") == "developer":
@@ -74,7 +84,7 @@ def template_message(m: dict) -> dict:
                 text = f"{text}\n{piece}" if text else piece
         out["content"] = text
     if out.get("tool_calls"):
-        out["tool_calls"] = [_template_call(c) for c in out["tool_calls"]]
+        out["tool_calls"] = [_template_call(c) if object_arguments else _text_call(c) for c in out["tool_calls"]]
     return out
 
 
@@ -91,6 +101,16 @@ def _template_call(call):
             parsed = None  # not JSON: the template gets the text as is
         if isinstance(parsed, dict):
             call["function"] = {**fn, "arguments": parsed}
+    return call
+
+
+def _text_call(call):
+    if not isinstance(call, dict):
+        return call
+    call = {k: v for k, v in call.items() if v is not None}
+    fn = call.get("function")
+    if isinstance(fn, dict) and not isinstance(fn.get("arguments"), str):
+        call["function"] = {**fn, "arguments": json.dumps(fn.get("arguments") or {}, ensure_ascii=False)}
     return call
 
 
@@ -117,15 +137,34 @@ def tokenize_prompt(model, text: str) -> list[int]:
     return tokens
 
 
+# Control tokens that mark a tool call or a thinking block: llama.cpp detokenizes control tokens to
+# nothing, so these are written out as their text, for the server's parsers (llama-server keeps them
+# as "preserved tokens" the same way). Mistral, Llama 3.x and DeepSeek mark calls with such tokens.
+KEPT_CONTROL = frozenset({
+    "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|python_tag|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+    "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>",
+})
+
+
 class TextStream:
     """Token ids in, complete UTF-8 text out (a character split over tokens waits for its end)."""
 
     def __init__(self, model):
         self.model = model
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.kept: dict[int, bytes] = {}
 
     def push(self, tokens) -> str:
-        return self.decoder.decode(b"".join(self.model.piece(int(t)) for t in tokens))
+        return self.decoder.decode(b"".join(self._piece(int(t)) for t in tokens))
+
+    def _piece(self, t: int) -> bytes:
+        b = self.model.piece(t)
+        if b:
+            return b
+        if t not in self.kept:  # a control token: llama.cpp prints it as nothing, unless it carries a call
+            text = self.model.token_text(t)
+            self.kept[t] = text.encode() if text in KEPT_CONTROL else b""
+        return self.kept[t]
 
     def flush(self) -> str:
         return self.decoder.decode(b"", final=True)

@@ -19,12 +19,18 @@ def serve(
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LOCALFLASH_API_KEY", help="Require Authorization: Bearer KEY."),
     queue: int = typer.Option(16, "--queue", help="Requests that may wait while every slot is busy; more get 503 + Retry-After."),
     parallel: int = PARALLEL.option(4),
+    tool_format: Optional[str] = typer.Option(None, "--tool-format", help="Tool-call format: qwen3_xml, hermes, llama3_json, mistral, deepseek (default: detected from the chat template)."),
+    reasoning_format: str = typer.Option("auto", "--reasoning-format", help="auto: <think> text goes to reasoning_content; none: it stays in content (a request's reasoning_format wins)."),
+    think: Optional[bool] = typer.Option(None, "--think/--no-think", help="Thinking on/off by default (templates that have the switch; a request's chat_template_kwargs.enable_thinking wins)."),
 ):
     """Serve the model over an OpenAI-compatible HTTP API (chat, completions, tools, SSE, /metrics)."""
     from localflash.api import open_llm
     from localflash.serve import require_stack, serve as run_server
 
     require_stack()
+    from localflash.serve.assistant import ReplyOptions
+
+    reply = ReplyOptions(tool_format=tool_format, reasoning=reasoning_format, thinking=think).check()  # bad names fail before loading
     from dataclasses import replace
 
     from localflash.config import check_parallel
@@ -39,6 +45,6 @@ def serve(
     else:
         llm = open_llm(cfg)
     try:
-        run_server(llm, host=host, port=port, api_key=api_key, queue=queue)
+        run_server(llm, host=host, port=port, api_key=api_key, queue=queue, reply=reply)
     finally:
         llm.close()

@@ -2,7 +2,7 @@
 
 FastAPI routes (:mod:`.app`), pydantic models (:mod:`.schemas`), one worker
 thread with a bounded queue (:mod:`.worker`), Prometheus text (:mod:`.metrics`),
-Qwen/Hermes tool-call parsing (:mod:`.tools`).
+tool-call formats (:mod:`.toolcalls`), thinking and forced calls (:mod:`.assistant`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def require_stack() -> None:
         raise LocalflashError(f"localflash serve needs {', '.join(missing)}", hint="pip install 'localflash[serve]'")
 
 
-def serve(llm, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None, queue: int = 16, out=None) -> None:
+def serve(llm, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None, queue: int = 16, out=None, reply=None) -> None:
     """Bind, print the startup screen, serve until Ctrl-C (or SIGTERM), then stop the worker and close ``llm``."""
     import uvicorn
 
@@ -37,9 +37,9 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = 
     sock = _bind(host, port)
     metrics = Metrics()
     worker = Worker(llm, queue, metrics)
-    app = create_app(llm, worker, metrics, api_key=api_key)
+    app = create_app(llm, worker, metrics, api_key=api_key, reply=reply)
     bound = sock.getsockname()[1]
-    print(startup_screen(llm, host, bound, api_key, queue), file=out, flush=True)
+    print(startup_screen(llm, host, bound, api_key, queue, app.state.style), file=out, flush=True)
     worker.start()
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3, lifespan="off")
     server = uvicorn.Server(config)
@@ -73,7 +73,7 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def startup_screen(llm, host: str, port: int, api_key: str | None, queue: int) -> str:
+def startup_screen(llm, host: str, port: int, api_key: str | None, queue: int, style=None) -> str:
     info = llm.info()
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}"
@@ -105,6 +105,9 @@ def startup_screen(llm, host: str, port: int, api_key: str | None, queue: int) -
             slots += f"\n  slots    {plan.drafter_slots_line()}"
     lines += [
         slots,
+        *([f"  tools    {style.format.name} calls ({'--tool-format' if style.options.tool_format else 'from the chat template'}); "
+           f"thinking {'to reasoning_content' if style.thinks and style.options.reasoning != 'none' else 'in content' if style.thinks else 'none'}"
+           + ("" if style.options.thinking is None else f", {'on' if style.options.thinking else 'off'} by default")] if style else []),
         f"  queue    {queue} waiting at most (then 503 + Retry-After); threads {info.threads or 'auto'}",
         f"  auth     {'Bearer API key required' if api_key else 'none (--api-key KEY to require one)'}",
         "  routes   POST /v1/chat/completions, /v1/completions; GET /v1/models, /v1/localflash/info, /health, /metrics, /slots, /docs",

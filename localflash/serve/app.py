@@ -20,6 +20,7 @@ from sse_starlette import EventSourceResponse
 
 from localflash import __version__
 from localflash.serve import schemas as S
+from localflash.serve.assistant import ChatStyle, ReplyOptions
 from localflash.serve.errors import APIError, error_from, install_error_handlers
 from localflash.serve.messages import chat_request, check_common, completion_request
 from localflash.serve.metrics import Metrics
@@ -55,12 +56,13 @@ class KeyCheck:
         await self.app(scope, receive, send)
 
 
-def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None, log=None) -> FastAPI:
+def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None, log=None, reply: ReplyOptions | None = None) -> FastAPI:
     app = FastAPI(title="localflash", version=__version__,
                   description="OpenAI-compatible server for speculative decoding of GGUF models (localflash serve).")
     info = llm.info()
     model_id = info.name
     aliases = {model_id, info.target.name, info.target.stem}
+    style = app.state.style = ChatStyle(info, reply)  # the template's tool-call format and thinking
     log = log or worker.log
     if api_key:
         app.add_middleware(KeyCheck, key=api_key, metrics=metrics)
@@ -114,8 +116,9 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
     async def chat_completions(body: S.ChatCompletionRequest, request: Request):
         check_common(body, model_id, aliases)
         messages, params = chat_request(body)
+        plan = style.plan(body, params, llm)
         job, first = await start("chat", messages, params, request)
-        reply = ChatReply(new_id("chatcmpl"), model_id, params["tools"] is not None)
+        reply = ChatReply(new_id("chatcmpl"), model_id, plan)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         if body.stream:
             return EventSourceResponse(chat_sse(job, first, reply, include_usage), sep="\n", ping=10)

@@ -54,9 +54,6 @@ def chat_request(body: S.ChatCompletionRequest) -> tuple[list[dict], dict]:
     if body.response_format is not None and body.response_format.type != "text":
         raise APIError(400, f"response_format {body.response_format.type!r} is not supported (only text)",
                        code="unsupported_value", param="response_format")
-    if body.tool_choice == "required" or isinstance(body.tool_choice, S.NamedToolChoice):
-        raise APIError(400, "tool_choice can be 'auto' or 'none' here (the model decides whether to call)",
-                       code="unsupported_value", param="tool_choice")
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools and body.tool_choice != "none" else None
     params = sampling(body, body.max_completion_tokens or body.max_tokens)
     params["tools"] = tools

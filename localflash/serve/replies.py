@@ -5,7 +5,6 @@ from __future__ import annotations
 import secrets
 import time
 
-from localflash.serve.tools import ToolCallStream
 
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 
@@ -67,34 +66,47 @@ def finish_reason(last, has_calls: bool) -> str:
 
 
 class ChatReply:
-    """Accumulates one chat reply; with tools on, pulls tool calls out of the text as it streams."""
+    """Accumulates one chat reply: thinking text out to ``reasoning_content``, then tool calls out of the rest.
 
-    def __init__(self, rid: str, model: str, tools_on: bool):
+    ``plan`` (:class:`~localflash.serve.assistant.ReplyPlan`) says how the reply is read; None: as plain text.
+    """
+
+    def __init__(self, rid: str, model: str, plan=None):
         self.rid, self.model, self.created = rid, model, int(time.time())
-        self.parser = ToolCallStream() if tools_on else None
+        self.parser = plan.calls() if plan is not None else None
+        self.split = plan.reasoning() if plan is not None else None
         self.content: list[str] = []
+        self.reasoning: list[str] = []
         self.calls = []
 
     def feed(self, text: str) -> list[dict]:
-        """New text -> the SSE deltas it makes (content and completed tool calls)."""
-        if self.parser is None:
-            content, calls = text, []
-        else:
-            content, calls = self.parser.feed(text)
-        return self._deltas(content, calls)
+        """New text -> the SSE deltas it makes (reasoning, content and completed tool calls)."""
+        reasoning, text = self.split.feed(text) if self.split is not None else ("", text)
+        return self._deltas(reasoning, *self._calls(text))
 
     def flush(self) -> list[dict]:
-        if self.parser is None:
-            return []
-        return self._deltas(*self.parser.flush())
+        reasoning, text = self.split.flush() if self.split is not None else ("", "")
+        content, calls = self._calls(text)
+        if self.parser is not None:
+            tail, more = self.parser.flush()
+            content, calls = content + tail, calls + more
+        return self._deltas(reasoning, content, calls)
 
-    def _deltas(self, content: str, calls) -> list[dict]:
+    def _calls(self, text: str):
+        if self.parser is None or not text:
+            return text, []
+        return self.parser.feed(text)
+
+    def _deltas(self, reasoning: str, content: str, calls) -> list[dict]:
         out = []
+        if reasoning:
+            self.reasoning.append(reasoning)
+            out.append({"reasoning_content": reasoning})
         if content:
             self.content.append(content)
             out.append({"content": content})
         for c in calls:
-            out.append({"tool_calls": [c.to_openai(index=len(self.calls))]})
+            out += [{"tool_calls": [d]} for d in c.deltas(len(self.calls))]
             self.calls.append(c)
         return out
 
@@ -111,6 +123,8 @@ class ChatReply:
     def whole(self, last) -> dict:
         text = "".join(self.content)
         message = {"role": "assistant", "content": text if text or not self.calls else None}
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
         if self.calls:
             message["tool_calls"] = [c.to_openai() for c in self.calls]
         return {

@@ -40,6 +40,7 @@ class Message(_Request):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier reply's thinking (templates that keep it read it)
 
 
 class FunctionDef(_Request):
@@ -97,6 +98,8 @@ class ChatCompletionRequest(_Generation):
     top_logprobs: int | None = Field(None, description="Not supported.")
     response_format: ResponseFormat | None = Field(None, description="Only {\"type\": \"text\"}.")
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="{\"enable_thinking\": bool} switches thinking (templates that have it).")
+    reasoning_format: Literal["auto", "none", "deepseek"] | None = Field(
+        None, description="auto (or deepseek): thinking goes to reasoning_content; none: it stays in content. Default: the server's --reasoning-format.")
 
 
 class CompletionRequest(_Generation):
@@ -155,6 +158,7 @@ class ToolCallOut(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallOut] | None = None
 
 

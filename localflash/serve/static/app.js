@@ -169,6 +169,7 @@ function requestBody() {
   const body = {
     messages: history(), stream: true, stream_options: { include_usage: true },
     temperature: s.temperature, top_p: s.top_p, top_k: s.top_k, max_tokens: s.max_tokens,
+    reasoning_format: "none", // the page splits <think> itself, so the tokens' chars line up with the text
   };
   if (!s.drafting) body["speculative.n_max"] = 0; // llama-server's name: no drafting for this request
   if (s.thinking !== "auto" && state.info && state.info.thinking) body.chat_template_kwargs = { enable_thinking: s.thinking === "on" };
