@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _BIG_ARRAY = 4096  # longer arrays (vocabularies, merges) are counted, not decoded
 FIRST_READ = 256 * 1024  # bytes a range source is asked for first
-MIN_MORE = 128 * 1024  # and at least this much more (or an eighth of what is held) each time the parse runs past it
+MIN_MORE = 64 * 1024  # and at least this much more (or a sixteenth of what is held) each time the parse runs past it
 
 
 class HeaderField:
@@ -133,9 +133,9 @@ class RangeBuffer:
         return self.grow(FIRST_READ)
 
     def grow(self, end: int) -> bytearray:
-        """Bytes up to at least ``end`` (the file's end at most): asks for ``MIN_MORE`` or an eighth of what
-        is held, whichever is more, so a header of H bytes costs at most H + max(MIN_MORE, H/8) bytes."""
-        want = self._end(max(end, len(self.buf) + max(MIN_MORE, len(self.buf) // 8)))
+        """Bytes up to at least ``end`` (the file's end at most): asks for ``MIN_MORE`` or a sixteenth of what
+        is held, whichever is more, so a header of H bytes costs at most H + max(MIN_MORE, H/16) bytes (about 25 requests for a 2 MB header, 50 for 10 MB)."""
+        want = self._end(max(end, len(self.buf) + max(MIN_MORE, len(self.buf) // 16)))
         if want > len(self.buf):
             data = self.fetch(len(self.buf), want)
             self.requests += 1

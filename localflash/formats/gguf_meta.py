@@ -240,7 +240,7 @@ def read_meta(path: str | Path) -> ModelMeta:
     if not p.is_file():
         raise LocalflashError(f"model file not found: {p}", hint="pass the path of a .gguf file")
     st = p.stat()
-    return _read_meta_cached(p.resolve(), st.st_size, st.st_mtime_ns)
+    return _read_meta_cached(p.absolute(), st.st_size, st.st_mtime_ns)  # not resolved: a cache snapshot keeps its name
 
 
 @functools.lru_cache(maxsize=16)

@@ -13,7 +13,7 @@ from pathlib import Path
 from localflash.hub.client import Resolved, resolve
 from localflash.hub.refs import SIDECARS, HubRef, parse_ref
 
-__all__ = ["HubRef", "Resolved", "parse_ref", "resolve", "resolve_drafter", "pull", "local_path"]
+__all__ = ["HubRef", "Resolved", "parse_ref", "resolve", "resolve_drafter", "pull", "local_path", "header_meta"]
 
 
 def _ref(name: str | HubRef) -> HubRef:
@@ -39,13 +39,24 @@ def resolve_drafter(name: str | HubRef) -> Resolved:
 
 
 def pull(target: str | HubRef | None, drafter: str | HubRef | None = None, quiet: bool = False,
-         console=None) -> tuple[Path | None, Path | None]:
+         console=None, pins: dict | None = None) -> tuple[Path | None, Path | None]:
     """Download target and drafter (every part) into the cache with one progress bar; returns the paths of
-    their first parts. Files already there are reused (with the network gone too)."""
+    their first parts. Files already there are reused (with the network gone too). ``pins``: sha256s a
+    models.toml entry pins for "target"/"drafter" (a single-file model), checked against the hub's too."""
+    from localflash.errors import ChecksumMismatch
     from localflash.hub.download import fetch_all
 
     t = resolve(_ref(target)) if target else None
     d = resolve_drafter(drafter) if drafter else None
+    for role, res in (("target", t), ("drafter", d)):
+        pin = (pins or {}).get(role)
+        if res is None or not pin or len(res.files) != 1:
+            continue
+        f = res.files[0]
+        if f.sha256 and f.sha256 != pin:
+            raise ChecksumMismatch(f"{f.repo}/{f.path}: the hub publishes sha256 {f.sha256[:12]}…, models.toml pins {pin[:12]}…",
+                                   hint="the file changed upstream: check the repo, then update or drop the pin")
+        f.sha256 = f.sha256 or pin
     files = (t.files if t else []) + (d.files if d else [])
     fresh = [f for f in files if f.cached is None]
     paths = {id(f): f.cached for f in files if f.cached is not None}
@@ -71,3 +82,12 @@ def local_path(name: str | HubRef) -> Path | None:
         return None
     by = {f.path: f.cached for f in files}
     return by[parts[0]] if all(by.get(p) for p in parts) else None
+
+
+def header_meta(name: str | HubRef, drafter: bool = False):
+    """The ``ModelMeta`` of a named model from its GGUF header(s) by HTTP range reads (``RemoteMeta``: with the
+    bytes read); from the cache when the files are there."""
+    from localflash.hub.header import remote_meta
+
+    res = resolve_drafter(name) if drafter else resolve(_ref(name))
+    return remote_meta(res.files)
