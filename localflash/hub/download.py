@@ -117,6 +117,7 @@ def _fetch_http(f: RemoteFile, blob: Path, advance: Callable[[int], None]) -> No
     if f.size is None or have < f.size:
         if have:
             hdrs["Range"] = f"bytes={have}-"
+        streaming = False
         try:
             with get_session().stream("GET", url, headers=hdrs, follow_redirects=True, timeout=30) as r:
                 if r.status_code == 416 and have:
@@ -130,9 +131,10 @@ def _fetch_http(f: RemoteFile, blob: Path, advance: Callable[[int], None]) -> No
                     if have and r.status_code != 206:  # the server ignored the Range: start over
                         advance(-have)
                         have, h = 0, hashlib.sha256()
+                    streaming = True
                     with part.open("r+b" if have else "wb") as out:
                         out.seek(have)
-                        for chunk in r.iter_bytes(CHUNK):
+                        for chunk in r.iter_bytes():  # as the bytes arrive: a dropped connection loses none
                             out.write(chunk)
                             h.update(chunk)
                             have += len(chunk)
@@ -145,7 +147,7 @@ def _fetch_http(f: RemoteFile, blob: Path, advance: Callable[[int], None]) -> No
         except HubError:
             raise
         except Exception as e:  # noqa: BLE001 (httpx errors, HTTP status errors)
-            if have and type(e).__module__.startswith(("httpx", "httpcore")):
+            if streaming and type(e).__module__.startswith(("httpx", "httpcore")):
                 raise HubError(f"{f.name}: the connection dropped at {have} of {f.size} bytes ({type(e).__name__})",
                                hint="run the command again: it resumes from there") from e
             raise hub_error(e, f"{f.repo}/{f.path}") from e

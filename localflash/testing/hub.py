@@ -80,6 +80,7 @@ class LoopbackHub:
         self.served: dict[tuple[str, str], int] = {}  # (repo, path) -> body bytes sent
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self._server: ThreadingHTTPServer | None = None
+        self._conns: set = set()
 
     def add(self, repo: str, path: str, source: bytes | Path, **kw) -> HubFile:
         r = self.repos.setdefault(repo, Repo(repo))
@@ -110,10 +111,18 @@ class LoopbackHub:
         return self
 
     def stop(self) -> None:
+        """Stop listening and cut every open connection (a client's pooled keep-alive ones too): the network is gone."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        for c in list(self._conns):
+            try:
+                c.shutdown(2)
+                c.close()
+            except OSError:
+                pass
+        self._conns.clear()
 
     def __enter__(self):
         return self.start()
@@ -133,6 +142,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args):  # quiet
         pass
+
+    def setup(self):
+        super().setup()
+        self.hub._conns.add(self.connection)
+
+    def finish(self):
+        self.hub._conns.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
+            pass
 
     def _send(self, status: int, body: bytes = b"", headers: dict | None = None, head: bool = False) -> None:
         self.send_response(status)
