@@ -106,12 +106,24 @@ def hub_error(e: BaseException, what: str) -> LocalflashError:
     return HubError(f"{what}: {type(e).__name__}: {e}")
 
 
+def reachable(what: str, timeout: float = 5.0) -> None:
+    """One request without retries: with no network huggingface_hub's listing would retry with backoff for
+    ~20 s before the cache is used; any answer (even an error status) means the hub is there."""
+    from huggingface_hub import get_session
+
+    try:
+        get_session().head(endpoint() + "/api/models", timeout=timeout)
+    except Exception as e:  # noqa: BLE001
+        raise hub_error(e, what) from e
+
+
 def list_files(repo: str, revision: str = "main") -> list[RemoteFile]:
     """Every file of ``repo`` with size and sha256 (LFS files), from the hub's tree listing."""
     from huggingface_hub import HfApi
 
     if offline():
         raise HubUnreachable(f"{repo}: HF_HUB_OFFLINE is set", hint="the cache is used instead")
+    reachable(repo)
     try:
         api = HfApi(endpoint=endpoint(), token=os.environ.get("HF_TOKEN") or None, library_name="localflash")
         out = []
