@@ -166,7 +166,7 @@ def hub_read_line(role: str, name: str, r) -> str:
     if not r.bytes_read:
         return f"{role} {name}: header read from the local cache"
     return (f"{role} {name}: read {r.bytes_read:,} bytes of GGUF header in {r.requests} range request(s) from {endpoint()} "
-            f"({r.bytes_read / max(r.file_bytes, 1):.2%} of its {r.file_bytes / 1e9:.2f} GB); nothing downloaded")
+            f"({r.bytes_read / max(r.file_bytes, 1):.3%} of its {r.file_bytes / 1e9:.2f} GB); nothing downloaded")
 
 
 def _label(row) -> str:

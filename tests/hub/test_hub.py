@@ -242,3 +242,46 @@ def test_pull_errors_are_one_line_at_the_cli(hub, lf):
     assert r.returncode == 1 and r.stderr.splitlines() == [f"error: {REPO}: no Q3_K_S quant", "hint: quants there: Q4_K_M"]
     r = lf("pull", "tester/Gated-GGUF", env=env)
     assert r.returncode == 1 and len(r.stderr.splitlines()) == 2 and "HF_TOKEN" in r.stderr, r.stderr
+
+
+def test_plan_pair_prices_the_seeds_pair_from_its_hub_headers_as_from_the_files(hub, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from localflash.cli.plan import plan_command
+    from localflash.plan.devices import Gpu, HostMemory
+    from localflash.registry.pairs import get_pair
+    from localflash.testing.shaped import write_preset
+
+    p = get_pair("qwen36-27b-dflash")
+    target = write_preset(tmp_path, "qwen3.6-27b", "Q4_K_M")  # sparse: the real shapes, 16.8 GB of zeros
+    drafter = write_preset(tmp_path, "qwen3.6-27b-dflash", "Q4_K_M")
+    t_repo, t_file = p.target_hf.split("/", 2)[:2], p.target_hf.split("/", 2)[2]
+    hub.add("/".join(t_repo), t_file, target, sha256="0" * 64)
+    hub.add(p.drafter_hf.split(":")[0], "Qwen3.6-27B-DFlash-Q4_K_M.gguf", drafter, sha256="1" * 64)
+    gpus, host = [Gpu(0, "NVIDIA GeForce RTX 3090", 24 << 30, 24 << 30)], HostMemory(32 << 30, 24 << 30)
+
+    def plan(**kw) -> tuple[object, str]:
+        buf = io.StringIO()
+        out = plan_command(console=Console(file=buf, width=240, highlight=False), detected=gpus, host=host, vram="24GiB", **kw)
+        return out, buf.getvalue()
+
+    remote, text = plan(pair="qwen36-27b-dflash")
+    local, local_text = plan(target=str(target), drafter=str(drafter), ctx=p.ctx, draft_max=p.draft_max)
+    assert remote.to_json() == local.to_json().replace(str(target), target.name).replace(str(drafter), drafter.name)
+    assert text.split("\ntarget unsloth/")[0] == local_text.rstrip("\n")
+    assert hub.bytes_served() < 1e-3 * (target.stat().st_size + drafter.stat().st_size)
+    assert text.count("nothing downloaded") == 2 and blobs("/".join(t_repo)) == []
+
+
+def test_load_hf_downloads_and_generates_like_the_local_file(hub, smollm2):
+    from localflash import load
+
+    hub.add("tester/SmolLM2-GGUF", smollm2.name, smollm2)
+    with load(hf="tester/SmolLM2-GGUF:Q4_1", spec="none", ctx=256) as llm:
+        by_name = llm.generate("The capital of France is", max_tokens=6, raw=True).text
+        path = Path(llm.target.path)
+    assert path.name == smollm2.name and "models--tester--SmolLM2-GGUF" in str(path)
+    with load(model=str(smollm2), spec="none", ctx=256) as llm:
+        assert llm.generate("The capital of France is", max_tokens=6, raw=True).text == by_name
