@@ -156,7 +156,7 @@ def plan_command(
     else:
         print_plan(plan, out)
         for role, r in read.items():
-            out.print(hub_read_line(role, remote[role], r), style="dim")
+            out.print(hub_read_line(role, remote[role], r), style="dim", soft_wrap=True)
     return plan
 
 

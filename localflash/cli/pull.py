@@ -39,6 +39,6 @@ def pull(
     t, d = hub_pull(target, drafter, quiet=quiet, pins=pins)
     for role, path in (("target", t), ("drafter", d)):
         if path is not None:
-            out.print(f"{role}: {path}")
+            out.print(f"{role}: {path}", soft_wrap=True)
     if name in pairs and not (pairs[name].drafter_hf or pairs[name].drafter is None) and pairs[name].drafter:
         out.print(f"[dim]drafter {pairs[name].drafter} is not on the hub: see the pair's notes (`localflash models`)[/]")
