@@ -40,6 +40,8 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
     "pair": LoadOption(Optional[str], None, ("--pair", "-p"), "A pair from models.toml."),
     "model": LoadOption(Optional[str], None, ("--model", "-m"), "Target GGUF file."),
     "drafter": LoadOption(Optional[str], None, ("--drafter",), "Drafter GGUF (DFlash, EAGLE-3 or a small model), next to its target."),
+    "hf": LoadOption(Optional[str], None, ("-hf", "--hf"), "Target on the hub: OWNER/REPO[:QUANT] (the quant picked as llama.cpp's -hf does), downloaded into the HF cache (HF_HOME) on first use."),
+    "hf_drafter": LoadOption(Optional[str], None, ("-hfd", "--hf-drafter"), "Drafter on the hub: OWNER/REPO[:QUANT] (its model file, else its dflash-/eagle3-/mtp- file)."),
     "spec": LoadOption(str, "auto", ("--spec",), "auto | none | dflash | draft | eagle3 | ngram | mtp; dflash+ngram / draft+ngram / eagle3+ngram / mtp+ngram try prompt lookup first."),
     "draft_max": LoadOption(Optional[int], None, ("--draft-max",), "Longest draft per cycle."),
     "fixed": LoadOption(bool, False, ("--fixed",), "Always draft --draft-max tokens (no adaptive length)."),
@@ -96,8 +98,35 @@ def config_from_options(**options) -> RunConfig:
         raise LocalflashError(f"load() got unknown option(s): {', '.join(unknown)}", hint=f"load options: {', '.join(LOAD_OPTIONS)}")
     o = {name: opt.default for name, opt in LOAD_OPTIONS.items()} | options
     model, drafter = o.pop("model"), o.pop("drafter")
+    hf, hf_drafter = o.pop("hf"), o.pop("hf_drafter")
+    if hf or hf_drafter:
+        model, drafter = _from_hub(o.get("pair"), model, drafter, hf, hf_drafter)
     return config_from(o.pop("pair"), str(model) if model is not None else None, str(drafter) if drafter is not None else None,
                        adaptive=not o.pop("fixed"), **o)
+
+
+def _from_hub(pair, model, drafter, hf, hf_drafter) -> tuple[str | None, str | None]:
+    """-hf / --hf-drafter: the files in the HF cache (downloaded, resumed and checked first when needed)."""
+    from localflash.hub import pull
+
+    if hf and model:
+        raise LocalflashError("-hf and --model both given", hint="use one or the other")
+    if hf_drafter and drafter:
+        raise LocalflashError("--hf-drafter and --drafter both given", hint="use one or the other")
+    t, d = pull(hf, hf_drafter)
+    return (str(t) if t else model), (str(d) if d else drafter)
+
+
+def _pull_pair(p) -> None:
+    """A pair named by hub files: download what is not in the cache yet (pinned sha256s checked too)."""
+    from localflash.hub import pull
+
+    want_t = p.target_hf if p.target_hf and not Path(p.target).is_file() else None
+    want_d = p.drafter_hf if p.drafter_hf and p.drafter is not None and not Path(p.drafter).is_file() else None
+    if want_t or want_d:
+        t, d = pull(want_t, want_d, pins=p.sha256)
+        p.target = t or p.target
+        p.drafter = d or p.drafter
 
 
 def config_from(pair: str | None, target: str | None, drafter: str | None, **flags) -> RunConfig:
@@ -105,6 +134,8 @@ def config_from(pair: str | None, target: str | None, drafter: str | None, **fla
     given = {k: v for k, v in flags.items() if v is not None}
     if pair:
         p = get_pair(pair)
+        if not target:
+            _pull_pair(p)
         cfg = RunConfig(
             target=p.target,
             drafter=p.drafter,

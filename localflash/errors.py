@@ -28,3 +28,27 @@ class ContextOverflow(LocalflashError):
         )
         self.prompt_tokens = prompt_tokens
         self.n_ctx = n_ctx
+
+
+class HubError(LocalflashError):
+    """The hub could not give a model file: unreachable, refused, not there, or what came was wrong."""
+
+
+class HubUnreachable(HubError):
+    """No network, or HF_HUB_OFFLINE set, and the file is not in the cache."""
+
+
+class HubAuthRequired(HubError):
+    """A gated or private repo asked for a token (401/403)."""
+
+
+class HubNotFound(HubError):
+    """No such repo, revision, file or quant."""
+
+
+class ChecksumMismatch(HubError):
+    """A downloaded file's sha256 is not the one the hub publishes; the file was removed."""
+
+
+class DiskFull(HubError):
+    """Not enough free space for a download; what was written is kept to resume from."""

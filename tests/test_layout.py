@@ -16,6 +16,7 @@ LAYERS = [
     ("archs", "errors"),
     ("llama", "prompt"),
     ("formats",),
+    ("hub",),  # models by name: below plan/ (remote headers) and registry/ (hf: paths)
     ("speculative", "plan"),
     ("registry", "phases"),
     ("config", "session"),
@@ -28,7 +29,7 @@ LAYERS = [
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 # what cli/ and serve/ may import: the public API and the parts below the engine that have no state
-PUBLIC = {"api", "errors", "config", "archs", "registry", "plan", "bench", "prompt", "train", "formats", "cli", "serve", "__init__"}
+PUBLIC = {"api", "errors", "config", "archs", "registry", "plan", "hub", "bench", "prompt", "train", "formats", "cli", "serve", "__init__"}
 MAX_LINES = 500
 MAX_TOP_LEVEL = 10
 

@@ -21,6 +21,7 @@ def models(
     ctx: typer.Context,
     json_out: bool = typer.Option(False, "--json", help="Print the list as JSON."),
     paths: bool = typer.Option(False, "--paths", help="Show full file paths."),
+    vram: Optional[str] = typer.Option(None, "--vram", help="Say what fits one card of this size (e.g. 24GiB) instead of the detected ones."),
 ):
     """List the pairs of models.toml (shipped + user file) with file presence and size."""
     if ctx.invoked_subcommand is not None:
@@ -38,8 +39,14 @@ def models(
     from localflash.registry.pairs import config_dir, load_pairs
     from localflash.plan.devices import fmt_bytes
 
+    from localflash.plan.devices import detect, select_gpus
+    from localflash.registry.check import fits
+
     pairs = load_pairs()
     rows = list_rows(pairs)
+    gpus = select_gpus(detect(), vram=vram) if vram else detect()
+    for r in rows:
+        r["fit"] = fits(r, gpus)
     cpu = cpu_name()
     verdicts = {}
     for v in sorted(all_verdicts(), key=lambda v: v.get("date", "")):
@@ -57,21 +64,32 @@ def models(
         if f["path"] is None:
             return Text("-", style="dim")
         name = f["path"] if paths else Path(f["path"]).name
+        if f.get("hf") and not paths:
+            name = f["hf"]
         if f["exists"]:
             return Text.assemble(name, "\n", ("✓ ", "green"), (fmt_bytes(f["size"]), "dim"))
         if derive:
             return Text.assemble(name, "\n", ("○ ", "yellow"), (f"made from the target ({derive}) on first use", "dim"))
+        if f.get("hf"):
+            size = f" ~{fmt_bytes(f['listed_size'])}" if f.get("listed_size") else ""
+            return Text.assemble(name, "\n", ("↓ on the hub", "cyan"), (f"{size}, not downloaded (`localflash pull`)", "dim"))
         return Text.assemble(name, "\n", ("✗ missing", "red"))
 
+    def fit(f: dict) -> Text:
+        mark = {True: ("fits", "green"), False: ("does not fit", "red"), None: ("?", "dim")}[f["fits"]]
+        return Text.assemble(mark, "\n", (f["how"], "dim"))
+
     t = Table(header_style="bold")
-    for col in ("pair", "kind", "target", "drafter", "ctx", "draft"):
+    for col in ("pair", "kind", "target", "drafter", "ctx", "draft", "fits " + ("+".join(g.label for g in gpus) or "(no GPU)")):
         t.add_column(col, overflow="fold")
     for r in rows:
-        t.add_row(r["name"], r["kind"], cell(r["target_file"], None), cell(r["drafter_file"], r["derive"]), str(r["ctx"]), str(r["draft_max"]))
+        t.add_row(r["name"], r["kind"], cell(r["target_file"], None), cell(r["drafter_file"], r["derive"]), str(r["ctx"]),
+                  str(r["draft_max"]), fit(r["fit"]))
     console.print(t)
     for r in rows:
         if r["notes"] or r["verdict"]:
-            console.print(Text.assemble((f"{r['name']}: ", "bold"), r["notes"], (f" · bench here: {r['verdict']}" if r["verdict"] else "", "green")))
+            console.print(Text.assemble((f"{r['name']}: ", "bold"), r["notes"], (f" · bench here: {r['verdict']}" if r["verdict"] else "", "green"),
+                                        (f" · run here: {r['tested']}" if r["tested"] else "", "dim")))
     user = config_dir() / "models.toml"
     console.print(f"[dim]user pairs: {user}{'' if user.exists() else ' (none yet)'}; validate one with `localflash models check NAME`[/]")
 

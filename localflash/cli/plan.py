@@ -36,9 +36,15 @@ def plan(
     mtp: Optional[bool] = typer.Option(None, "--mtp/--no-mtp", help="Price drafting with the target's MTP block (default: when it has one and no drafter is given)."),
     rpc: Optional[str] = LOAD_FLAGS["rpc"].option(),
     parallel: int = PARALLEL.option(),
+    hf: Optional[str] = LOAD_FLAGS["hf"].option(),
+    hf_drafter: Optional[str] = LOAD_FLAGS["hf_drafter"].option(),
 ):
-    """Price target + drafter on your GPUs before loading: per-card table, settings, and what changed to fit."""
-    plan_command(pair, target, drafter, vram, gpus, ctx, kv, split, draft_max, margin, json_out, mtp=mtp, rpc=rpc, parallel=parallel)
+    """Price target + drafter on your GPUs before loading: per-card table, settings, and what changed to fit.
+
+    Files on the hub (-hf, --hf-drafter, a pair named by hub files) are priced from their GGUF headers,
+    read with HTTP range requests: nothing is downloaded."""
+    plan_command(pair, target, drafter, vram, gpus, ctx, kv, split, draft_max, margin, json_out, mtp=mtp, rpc=rpc,
+                 parallel=parallel, hf=hf, hf_drafter=hf_drafter)
 
 
 def plan_command(
@@ -59,6 +65,8 @@ def plan_command(
     mtp: bool | None = None,
     rpc: str | list[str] | None = None,
     parallel: int = 1,
+    hf: str | None = None,
+    hf_drafter: str | None = None,
 ) -> Plan:
     """Plan ``--pair NAME`` or ``--target T [--drafter D]`` and print it (``detected``/``host`` override probing).
 
@@ -73,6 +81,9 @@ def plan_command(
 
     out = console or Console(highlight=False)
     warnings = []
+    remote = {}  # "target"/"drafter" -> hub name, for the files read off the hub
+    if (hf or hf_drafter) and (pair or target):
+        raise LocalflashError("-hf and --pair/--target both given", hint="use one or the other")
     if pair:
         if target or drafter:
             raise LocalflashError("--pair and --target/--drafter both given", hint="use one or the other")
@@ -80,6 +91,10 @@ def plan_command(
 
         p = get_pair(pair)
         target_path, drafter_path = p.target, p.drafter
+        if p.target_hf and not Path(target_path).is_file():
+            remote["target"] = p.target_hf
+        if p.drafter_hf and not Path(drafter_path).is_file():
+            remote["drafter"] = p.drafter_hf
         ctx = p.ctx if ctx is None else ctx
         if mtp is None and p.kind.startswith("mtp"):
             mtp = True
@@ -89,11 +104,23 @@ def plan_command(
             drafter_path = None
     elif target:
         target_path, drafter_path = Path(target), Path(drafter) if drafter else None
+    elif hf:
+        target_path, drafter_path = None, Path(drafter) if drafter else None
+        remote["target"] = hf
+        if hf_drafter:
+            remote["drafter"] = hf_drafter
     else:
-        raise LocalflashError("nothing to plan", hint="give --pair NAME or --target FILE [--drafter FILE]")
+        raise LocalflashError("nothing to plan", hint="give --pair NAME, -hf OWNER/REPO[:QUANT] or --target FILE [--drafter FILE]")
 
-    t_meta = read_meta(target_path)
-    d_meta = read_meta(drafter_path) if drafter_path else None
+    read = {}
+    if remote:
+        from localflash.hub import header_meta
+
+        read = {role: header_meta(name, drafter=role == "drafter") for role, name in remote.items()}
+    t_meta = read["target"].meta if "target" in read else read_meta(target_path)
+    d_meta = read["drafter"].meta if "drafter" in read else read_meta(drafter_path) if drafter_path else None
+    if "drafter" in read:
+        drafter_path = d_meta.path
     found = devices.detect() if detected is None else detected
     chosen = devices.select_gpus(found, vram=vram, gpus=gpus)
     if rpc:
@@ -122,10 +149,24 @@ def plan_command(
 
         doc = json.loads(plan.to_json())
         doc["runtime_kwargs"] = runtime_kwargs(plan)
+        if read:
+            doc["hub_headers"] = {role: {"name": remote[role], "bytes_read": r.bytes_read, "requests": r.requests,
+                                         "file_bytes": r.file_bytes} for role, r in read.items()}
         out.print_json(json.dumps(doc))
     else:
         print_plan(plan, out)
+        for role, r in read.items():
+            out.print(hub_read_line(role, remote[role], r), style="dim", soft_wrap=True)
     return plan
+
+
+def hub_read_line(role: str, name: str, r) -> str:
+    from localflash.hub.client import endpoint
+
+    if not r.bytes_read:
+        return f"{role} {name}: header read from the local cache"
+    return (f"{role} {name}: read {r.bytes_read:,} bytes of GGUF header in {r.requests} range request(s) from {endpoint()} "
+            f"({r.bytes_read / max(r.file_bytes, 1):.3%} of its {r.file_bytes / 1e9:.2f} GB); nothing downloaded")
 
 
 def _label(row) -> str:

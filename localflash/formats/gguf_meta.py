@@ -30,6 +30,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from localflash.archs import HYBRID_ARCHS, KNOWN_ARCHS, SWA_PATTERNS
 from localflash.errors import LocalflashError
+from localflash.formats.gguf_header import HeaderReader
 
 
 INPUT_TENSORS = ("token_embd.", "token_types.", "position_embd.", "per_layer_token_embd.")
@@ -239,7 +240,7 @@ def read_meta(path: str | Path) -> ModelMeta:
     if not p.is_file():
         raise LocalflashError(f"model file not found: {p}", hint="pass the path of a .gguf file")
     st = p.stat()
-    return _read_meta_cached(p.resolve(), st.st_size, st.st_mtime_ns)
+    return _read_meta_cached(p.absolute(), st.st_size, st.st_mtime_ns)  # not resolved: a cache snapshot keeps its name
 
 
 @functools.lru_cache(maxsize=16)
@@ -248,7 +249,16 @@ def _read_meta_cached(p: Path, size: int, mtime_ns: int) -> ModelMeta:
         if f.read(4) != b"GGUF":
             raise LocalflashError(f"not a GGUF file: {p}", hint="localflash loads llama.cpp GGUF models (*.gguf)")
     try:
-        return _meta_from_reader(p, _HeaderReader(p))
+        readers = [_local_reader(p)]
+        count = readers[0].fields.get("split.count")
+        if count is not None and int(count.value) > 1:  # the first part of a split GGUF: the other parts' tensors too
+            for other in split_paths(p.name, int(count.value))[1:]:
+                q = p.with_name(other)
+                if not q.is_file():
+                    raise LocalflashError(f"{p.name} is part 1 of {int(count.value)}, but {other} is missing",
+                                          hint="download every part into the same folder")
+                readers.append(_local_reader(q))
+        return meta_from_readers(p, readers, sum(r.file_bytes for r in readers))
     except (ValueError, OSError, IndexError, KeyError, struct.error) as e:
         raise LocalflashError(
             f"{p.name} is not a readable GGUF file (truncated or corrupt)",
@@ -256,89 +266,32 @@ def _read_meta_cached(p: Path, size: int, mtime_ns: int) -> ModelMeta:
         ) from e
 
 
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_BIG_ARRAY = 4096  # longer arrays (vocabularies, merges) are counted, not decoded
+def _local_reader(p: Path) -> HeaderReader:
+    with p.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        r = HeaderReader(m, tensor_bytes)
+        r.file_bytes = len(m)
+        return r
 
 
-class _HeaderField:
-    def __init__(self, value, count: int):
-        self.value = value
-        self.data = range(count)  # only its length is read for arrays left undecoded
-
-    def contents(self):
-        return self.value
+_SPLIT = re.compile(r"^(.+)-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 
 
-class _HeaderTensor:
-    def __init__(self, name: str, dims: tuple[int, ...], qtype: int):
-        self.name = name
-        self.shape = dims
-        self.tensor_type = GGMLQuantizationType(qtype)
-        self.n_bytes = tensor_bytes(qtype, dims)
+def split_paths(name: str, count: int) -> list[str]:
+    """The file names of every part of a split GGUF (llama.cpp's ``PREFIX-0000i-of-0000N.gguf``), given one."""
+    m = _SPLIT.match(name)
+    prefix = m[1] if m else name.removesuffix(".gguf")
+    return [f"{prefix}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
 
 
-class _HeaderReader:
-    """The part of ``gguf.GGUFReader`` the planner needs, from the header alone.
-
-    GGUFReader decodes every tokenizer string into NumPy views (seconds for a
-    150k vocabulary); this reads keys, small values and the tensor table only.
-    """
-
-    def __init__(self, path: Path):
-        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            if m[:4] != b"GGUF":
-                raise ValueError("bad magic")
-            (version,) = struct.unpack_from("<I", m, 4)
-            if version < 2:
-                raise ValueError(f"GGUF version {version} is too old")
-            n_tensors, n_kv = struct.unpack_from("<QQ", m, 8)
-            self.off = 24
-            self.fields: dict[str, _HeaderField] = {}
-            for _ in range(n_kv):
-                key = self._string(m)
-                (vtype,) = struct.unpack_from("<I", m, self.off)
-                self.off += 4
-                value, count = self._value(m, vtype)
-                self.fields[key] = _HeaderField(value, count)
-            self.tensors = []
-            for _ in range(n_tensors):
-                name = self._string(m)
-                (n_dims,) = struct.unpack_from("<I", m, self.off)
-                dims = struct.unpack_from(f"<{n_dims}Q", m, self.off + 4)
-                self.off += 4 + 8 * n_dims
-                qtype, _offset = struct.unpack_from("<IQ", m, self.off)
-                self.off += 12
-                self.tensors.append(_HeaderTensor(name, tuple(int(d) for d in dims), qtype))
-
-    def _string(self, m) -> str:
-        (n,) = struct.unpack_from("<Q", m, self.off)
-        s = bytes(m[self.off + 8 : self.off + 8 + n]).decode("utf-8", errors="replace")
-        self.off += 8 + n
-        return s
-
-    def _value(self, m, vtype: int):
-        if vtype == 8:
-            return self._string(m), 1
-        if vtype == 9:
-            etype, count = struct.unpack_from("<IQ", m, self.off)
-            self.off += 12
-            if etype in _SCALARS and count > _BIG_ARRAY:
-                self.off += count * struct.calcsize(_SCALARS[etype])
-                return None, count
-            if etype in _SCALARS:
-                fmt = _SCALARS[etype]
-                vals = list(struct.unpack_from(f"<{count}{fmt[1]}", m, self.off))
-                self.off += count * struct.calcsize(fmt)
-                return vals, count
-            items = [self._value(m, etype)[0] for _ in range(count)]
-            return (items if count <= _BIG_ARRAY else None), count
-        fmt = _SCALARS[vtype]
-        (v,) = struct.unpack_from(fmt, m, self.off)
-        self.off += struct.calcsize(fmt)
-        return v, 1
+def meta_from_readers(path: Path, readers: list, file_bytes: int) -> ModelMeta:
+    """A ``ModelMeta`` from the header(s) of one model: the first part's keys, every part's tensors."""
+    if len(readers) > 1:
+        first = readers[0]
+        first.tensors = [t for r in readers for t in r.tensors]
+    return _meta_from_reader(path, readers[0], file_bytes)
 
 
-def _meta_from_reader(path: Path, reader) -> ModelMeta:
+def _meta_from_reader(path: Path, reader, file_bytes: int) -> ModelMeta:
     fields = {name: f for name, f in reader.fields.items() if not name.startswith("tokenizer.ggml.merges")}
 
     def get(key: str, default=None):
@@ -412,7 +365,7 @@ def _meta_from_reader(path: Path, reader) -> ModelMeta:
         path=path,
         arch=arch,
         name=str(get("general.name", path.stem)),
-        file_bytes=path.stat().st_size,
+        file_bytes=file_bytes,
         n_layer=n_layer,
         n_layer_nextn=n_nextn,
         n_embd=n_embd,

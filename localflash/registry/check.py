@@ -22,11 +22,37 @@ def list_rows(pairs: dict[str, Pair]) -> list[dict]:
     rows = []
     for name, p in pairs.items():
         row = p.to_dict()
-        row["target_file"] = file_state(p.target)
-        row["drafter_file"] = file_state(p.drafter)
+        row["target_file"] = file_state(p.target) | {"hf": p.target_hf, "listed_size": p.sizes.get("target")}
+        row["drafter_file"] = file_state(p.drafter) | {"hf": p.drafter_hf, "listed_size": p.sizes.get("drafter")}
         row["derive"] = p.derive
         rows.append(row)
     return rows
+
+
+def fits(row: dict, gpus: list, host=None) -> dict:
+    """Whether a listed pair fits the detected cards: a full plan when its files are here (``plan``'s defaults),
+    else an estimate from the sizes models.toml lists (weights plus 1.5 GB for KV, compute and runtime)."""
+    t, d = row["target_file"], row["drafter_file"]
+    if not gpus:
+        return {"fits": None, "how": "no GPU detected"}
+    vram = sum(g.free for g in gpus)
+    if t["exists"] and (d["path"] is None or d["exists"] or row.get("derive")):
+        from localflash.plan import Wishes, make_plan
+        from localflash.plan.devices import host_memory
+
+        try:
+            dm = read_meta(Path(d["path"])) if d["path"] and d["exists"] else None
+            plan = make_plan(read_meta(Path(t["path"])), dm, gpus, host or host_memory(),
+                             Wishes(ctx=row.get("ctx"), mtp=base_kind(row["kind"]) == "mtp"))
+        except LocalflashError as e:
+            return {"fits": False, "how": e.message}
+        on_gpu = plan.slowdown <= 1.0 + 1e-9
+        return {"fits": on_gpu, "how": f"planned: n_ctx {plan.n_ctx}, KV {plan.type_k}" + ("" if on_gpu else f", {plan.slowdown:.1f}x slower (offloaded)")}
+    sizes = [f["size"] or f["listed_size"] for f in (t, d) if f["path"] is not None]
+    if None in sizes or not sizes:
+        return {"fits": None, "how": "size unknown: run `localflash plan --pair NAME`"}
+    need = sum(sizes) + 1.5 * 1024**3
+    return {"fits": need <= vram, "how": f"by listed size: ~{need / 1024**3:.1f} of {vram / 1024**3:.1f} GiB (`plan --pair` reads the headers)"}
 
 
 def _load(path: Path):

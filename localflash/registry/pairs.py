@@ -46,6 +46,11 @@ class Pair:
     notes: str = ""
     source: Path = field(default=SHIPPED)
     derive: str | None = None  # e.g. "Q2_K": the drafter is the target requantized
+    target_hf: str | None = None  # "OWNER/REPO/FILE.gguf" or "OWNER/REPO:QUANT": the target's name on the hub
+    drafter_hf: str | None = None
+    sizes: dict = field(default_factory=dict)  # {"target": bytes, "drafter": bytes} as the hub lists them
+    sha256: dict = field(default_factory=dict)  # {"target": hex, "drafter": hex} pinned (the hub's own is always checked)
+    tested: str = ""  # what has been run here with this pair, and what has not
 
     def to_dict(self) -> dict:
         return {
@@ -58,11 +63,24 @@ class Pair:
             "thinking": self.thinking,
             "notes": self.notes,
             "source": str(self.source),
+            "target_hf": self.target_hf,
+            "drafter_hf": self.drafter_hf,
+            "sizes": self.sizes,
+            "tested": self.tested,
         }
 
 
 def resolve_path(spec: str, base: Path) -> Path:
-    """Turn a models.toml path into a filesystem path (the file need not exist)."""
+    """Turn a models.toml path into a filesystem path (the file need not exist).
+
+    ``hf:OWNER/REPO/FILE.gguf`` or ``hf:OWNER/REPO:QUANT``: the file in huggingface_hub's cache when it is
+    there (nothing is asked of the network), else a path under the repo's cache folder that does not exist."""
+    if spec.startswith("hf:"):
+        from localflash.hub import local_path, parse_ref
+        from localflash.hub.client import repo_dir
+
+        ref = parse_ref(spec)
+        return local_path(ref) or repo_dir(ref.repo) / "snapshots" / "not-downloaded" / (ref.file or f"{ref.quant or 'default'}.gguf")
     if spec.startswith("pkg:"):
         package, _, rest = spec[4:].partition("/")
         found = importlib.util.find_spec(package)
@@ -89,6 +107,7 @@ def _pair(name: str, raw: dict, source: Path) -> Pair:
     if kind not in KINDS:
         raise LocalflashError(f"{source}: pair {name!r} has kind {kind!r}", hint=f"use one of {', '.join(KINDS)}")
     target = resolve_path(str(raw["target"]), source)
+    hf = {k: str(raw[k])[3:] for k in ("target", "drafter") if str(raw.get(k, "")).startswith("hf:")}
     drafter_spec = raw.get("drafter")
     derive = None
     drafter = None
@@ -113,6 +132,11 @@ def _pair(name: str, raw: dict, source: Path) -> Pair:
             notes=str(raw.get("notes", "")),
             source=source,
             derive=derive,
+            target_hf=hf.get("target"),
+            drafter_hf=hf.get("drafter"),
+            sizes={k: int(raw[f"{k}_size"]) for k in ("target", "drafter") if f"{k}_size" in raw},
+            sha256={k: str(raw[f"{k}_sha256"]).lower() for k in ("target", "drafter") if raw.get(f"{k}_sha256")},
+            tested=str(raw.get("tested", "")),
         )
     except (TypeError, ValueError) as e:
         raise LocalflashError(f"{source}: pair {name!r}: {e}") from e

@@ -219,7 +219,9 @@ def test_models_commands(lf, lf_env, tmp_path, tiny_target, tiny_drafters, tiny_
         assert name in r.stdout
     assert re.search(r"target\.gguf.*\n.*✓ 17\.3 MiB", r.stdout) and re.search(r"gone\.gguf.*\n.*✗ missing", r.stdout)
     listed = {p["name"]: p for p in json.loads(lf("models", "--json").stdout)}
-    assert listed["tiny"]["target_file"] == {"path": str(tiny_target), "exists": True, "size": tiny_target.stat().st_size}
+    assert listed["tiny"]["target_file"] == {"path": str(tiny_target), "exists": True, "size": tiny_target.stat().st_size,
+                                            "hf": None, "listed_size": None}
+    assert listed["tiny"]["fit"]["fits"] in (True, False, None) and listed["tiny"]["fit"]["how"]
     assert listed["gone"]["target_file"]["exists"] is False and listed["tiny"]["source"] == str(user)
 
     good = lf("models", "check", "tiny")
