@@ -28,3 +28,11 @@ class ContextOverflow(LocalflashError):
         )
         self.prompt_tokens = prompt_tokens
         self.n_ctx = n_ctx
+
+
+class GrammarError(LocalflashError):
+    """A grammar or JSON schema llama.cpp cannot take; ``param`` names the request field (the server answers 400)."""
+
+    def __init__(self, message: str, param: str = "grammar", hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.param = param
