@@ -3,7 +3,7 @@
 A :class:`GrammarState` is one ``llama_sampler_init_grammar`` sampler: its parse stacks say which
 tokens may come next. It is used by hand, never inside a chain: :meth:`~GrammarState.mask` runs the
 grammar's ``apply`` on a whole row (the disallowed tokens' logits become ``-inf``),
-:meth:`~GrammarState.first_allowed` and :meth:`~GrammarState.allows` on a few candidates only,
+:meth:`~GrammarState.allowed` and :meth:`~GrammarState.allows` on a few candidates only,
 :meth:`~GrammarState.accept` advances the stacks by one token and :meth:`~GrammarState.clone` copies
 them (``llama_sampler_clone``), for a draft checked ahead of the committed state.
 
@@ -73,16 +73,15 @@ class GrammarState:
         self._apply(one, 1)
         return bool(np.isfinite(one["logit"][0]))
 
-    def first_allowed(self, ids) -> int | None:
-        """Index into ``ids`` of the first token the grammar allows (None: none is), in one apply."""
+    def allowed(self, ids) -> np.ndarray:
+        """Which of the tokens ``ids`` the grammar allows next (a bool mask), in one apply."""
         n = len(ids)
         if n > len(self._small):
             self._small = np.zeros(n, TOKEN_DATA)
         buf = self._small
         buf["id"][:n], buf["logit"][:n] = ids, 0.0
         self._apply(buf, n)
-        ok = np.flatnonzero(np.isfinite(buf["logit"][:n]))
-        return int(ok[0]) if len(ok) else None
+        return np.isfinite(buf["logit"][:n])
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """A copy of the row with every token the grammar rejects at ``-inf``."""

@@ -13,10 +13,13 @@ state and cuts it at the first token the grammar rejects (that token could never
 its constrained probability is 0), so no verify row is spent on it; the clone is then dropped,
 which is the draft's rollback. Trees drop the rejected nodes the same way (:meth:`prune`, speculative/tree.py).
 
-Greedy rows need no full mask: the unconstrained argmax tokens are tried first (the top
-``CANDIDATES`` by logit, ties by id, in one grammar call); the first allowed one is the masked
-row's argmax. Only when none is allowed is the whole row masked. Sampled rows are always masked
-whole (the kept set of top-k/top-p/min-p is the masked row's).
+Rows rarely need a full mask (one grammar check of every token of the vocabulary): the row's top
+tokens are checked first, in growing windows (``WINDOWS``; each a prefix of the (-logit, id) order,
+ties at its edge included, in one grammar call). Greedy: the first allowed token is the masked
+row's argmax. Sampled with top-k: the first ``top_k`` allowed tokens are the masked row's top-k
+kept set, so the sampler runs on a row holding only them (the rest -inf), which gives the masked
+row's token for the same uniform (top-p and min-p apply after top-k). Only when a window holds too
+few allowed tokens, or top-k is off, is the whole row masked.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from localflash.errors import GrammarError
 from localflash.llama.grammar import GrammarState, schema_to_gbnf
 from localflash.speculative.sampling import Sampler, SamplingParams
 
-CANDIDATES = 8  # greedy: unconstrained top tokens tried before masking the whole row
+WINDOWS = (8, 64, 512, 4096)  # top tokens of a row tried, in turn, before the grammar masks the whole row
 
 
 class ConstrainedSampler:
@@ -43,6 +46,7 @@ class ConstrainedSampler:
         self.full_masks = 0  # rows masked over the whole vocabulary
         self.rows = 0
         self.seconds = 0.0  # host time spent here beyond the inner sampler's own
+        self._row: np.ndarray | None = None  # a reused all -inf row (top-k sampling from a window)
 
     @property
     def paths(self) -> dict:
@@ -51,27 +55,44 @@ class ConstrainedSampler:
     def __call__(self, logits: np.ndarray) -> int:
         t0 = time.perf_counter()
         self.rows += 1
-        tok = self._greedy(logits) if self.params.greedy else None
-        if tok is None:
-            self.full_masks += 1
-            row = self.state.mask(logits)
+        p, n = self.params, logits.shape[0]
+        want = 1 if p.greedy else p.top_k if 0 < p.top_k < n else 0
+        hit = self._first_allowed(logits, want) if want else None
+        if hit is not None and p.greedy:
+            tok = int(hit[0])
+        else:
+            if hit is not None:  # the top-k kept set is the first top_k allowed tokens: the rest may as well be -inf
+                row = self._row if self._row is not None and len(self._row) == n else np.full(n, -np.inf, np.float32)
+                row[hit] = logits[hit]
+            else:
+                self.full_masks += 1
+                row = self.state.mask(logits)
             t1 = time.perf_counter()
             tok = self.inner(row)
             t0 += time.perf_counter() - t1  # the sampler's own work is not the grammar's
+            if hit is not None:
+                row[hit] = -np.inf
+                self._row = row
         self.state.accept(tok)
         self.seconds += time.perf_counter() - t0
         return tok
 
-    def _greedy(self, logits: np.ndarray) -> int | None:
-        """The masked row's argmax from the top candidates (None: none of them is allowed)."""
+    def _first_allowed(self, logits: np.ndarray, want: int) -> np.ndarray | None:
+        """The first ``want`` allowed tokens in (-logit, id) order, found in growing windows of the row's top
+        (each a prefix of that order: ties at its edge included); None when the windows run out first."""
         n = logits.shape[0]
-        if n <= CANDIDATES:
-            return None
-        edge = logits[np.argpartition(logits, n - CANDIDATES)[n - CANDIDATES]]
-        ids = np.flatnonzero(logits >= edge)  # ties at the edge too: a prefix of the (-logit, id) order
-        ids = ids[np.argsort(-logits[ids], kind="stable")]
-        i = self.state.first_allowed(ids)
-        return None if i is None else int(ids[i])
+        for size in WINDOWS:
+            if size < want:
+                continue
+            if size >= n // 2:
+                return None
+            edge = logits[np.argpartition(logits, n - size)[n - size]]
+            ids = np.flatnonzero(logits >= edge)
+            ids = ids[np.argsort(-logits[ids], kind="stable")]  # ids ascending, so ties stay in id order
+            hit = ids[self.state.allowed(ids)]
+            if len(hit) >= want:
+                return hit[:want]
+        return None
 
     def trim(self, draft: list[int]) -> list[int]:
         """The longest prefix of ``draft`` the grammar allows after the committed tokens."""

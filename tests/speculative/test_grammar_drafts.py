@@ -115,3 +115,27 @@ def test_parallel_slots_take_grammars_and_equal_solo_replies(tiny_target, tiny_d
     solo, slots = json.loads(res.stdout.strip().splitlines()[-1])
     assert {k: v[0] for k, v in slots["replies"].items()} == {k: v[0] for k, v in solo["replies"].items()}
     assert slots["drafted"] > 0
+
+
+@pytest.mark.parametrize("params", [dict(), dict(temperature=0.8, top_k=40, top_p=0.9, seed=1),
+                                    dict(temperature=1.0, top_k=8, min_p=0.05, seed=2), dict(temperature=0.7, top_k=0, top_p=0.95, seed=3)],
+                         ids=["greedy", "top-k+top-p", "top-k+min-p", "top-p"])
+def test_the_windowed_rows_sample_what_the_fully_masked_rows_sample(tiny_target, params):
+    """The sampler tries the row's top tokens before masking it whole; its tokens are those of the fully masked row."""
+    import numpy as np
+
+    from localflash.llama.grammar import GrammarState
+    from localflash.speculative.grammar import ConstrainedSampler
+    from localflash.speculative.sampling import Sampler
+
+    model = Model(tiny_target, ModelOptions(vocab_only=True))
+    grammar = 'root ::= ([a-z ]+ [0-9]) {1,40}\n'  # lower-case words and digits: a few thousand tokens of the vocabulary allowed
+    sp = SamplingParams(grammar=grammar, **params)
+    windowed, plain, state = ConstrainedSampler(model, sp), Sampler(sp), GrammarState(model, grammar)
+    rng = np.random.default_rng(0)
+    for _ in range(120):
+        row = (3 * rng.standard_normal(model.n_vocab)).astype(np.float32)
+        want = plain(state.mask(row))
+        state.accept(want)
+        assert windowed(row) == want
+    assert windowed.full_masks < windowed.rows if sp.top_k or sp.greedy else windowed.full_masks == windowed.rows
