@@ -3,7 +3,7 @@
 
 One process, one loaded pair (default ``demo``: SmolLM2-135M + its DFlash drafter), the same prompts:
 each constraint (a JSON schema, a GBNF grammar, and none for reference) is decoded greedily with the
-pair's drafter and with drafting off for that request (``draft_max=0``), on the same LLM. Reported:
+pair's drafter (a fixed draft length unless ``--adaptive``) and with drafting off for that request (``draft_max=0``), on the same LLM. Reported:
 decode tokens/s of each, the ratio drafting / plain (one run), τ, the draft tokens the grammar cut
 before verify, and the grammar's host cost per cycle: wall µs inside speculative/grammar.py's sampler
 (row masks, candidate checks, draft checks; ``Stats.t_grammar``), C calls into llama.cpp's grammar
@@ -76,12 +76,13 @@ def main() -> None:
     ap.add_argument("--pair", default="demo")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--draft-max", type=int, default=None, help="the drafting runs' cap (default: the pair's)")
+    ap.add_argument("--draft-max", type=int, default=4, help="the drafting runs' draft length")
+    ap.add_argument("--adaptive", action="store_true", help="the adaptive draft length (default: fixed, so every cycle drafts)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     load_avg = os.getloadavg()
     rows = {}
-    with load(pair=a.pair, threads=a.threads) as llm:
+    with load(pair=a.pair, threads=a.threads, fixed=not a.adaptive, draft_max=a.draft_max) as llm:
         llm.chat(PROMPTS[0], max_tokens=8)  # warm-up (the adaptive draft length's calibration)
         for name, kw in CONSTRAINTS.items():
             plain = run(llm, kw, 0, a.tokens)
@@ -92,7 +93,8 @@ def main() -> None:
                 row["py_calls_per_cycle_drafting"] = python_calls(llm, kw, a.draft_max, a.tokens)
                 row["py_calls_per_cycle_plain"] = python_calls(llm, kw, 0, a.tokens)
             rows[name] = row
-    print(f"pair {a.pair}, {len(PROMPTS)} prompts x {a.tokens} tokens, greedy; load average {load_avg[0]:.2f} {load_avg[1]:.2f} {load_avg[2]:.2f} "
+    print(f"pair {a.pair}, {len(PROMPTS)} prompts x {a.tokens} tokens, greedy, draft length {a.draft_max} "
+          f"{'adaptive' if a.adaptive else 'fixed'}; load average {load_avg[0]:.2f} {load_avg[1]:.2f} {load_avg[2]:.2f} "
           f"(timings on a busy machine are indicative only)")
     print(f"{'constraint':<12} {'plain tok/s':>11} {'draft tok/s':>11} {'ratio':>6} {'tau':>5} {'cut':>4} {'equal':>5} "
           f"{'us/cyc plain':>12} {'us/cyc draft':>12} {'C/cyc plain':>11} {'C/cyc draft':>11} {'py/cyc plain':>12} {'py/cyc draft':>12}")
