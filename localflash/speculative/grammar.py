@@ -67,6 +67,9 @@ class ConstrainedSampler:
             else:
                 self.full_masks += 1
                 row = self.state.mask(logits)
+                if not np.isfinite(row).any():  # accepting any token now would abort llama.cpp
+                    raise GrammarError("the grammar allows no token of this model's vocabulary here", param="grammar",
+                                       hint="a rule needs text no token spells; test the grammar with llama.cpp's tools")
             t1 = time.perf_counter()
             tok = self.inner(row)
             t0 += time.perf_counter() - t1  # the sampler's own work is not the grammar's

@@ -139,3 +139,14 @@ def test_the_windowed_rows_sample_what_the_fully_masked_rows_sample(tiny_target,
         state.accept(want)
         assert windowed(row) == want
     assert windowed.full_masks < windowed.rows if sp.top_k or sp.greedy else windowed.full_masks == windowed.rows
+
+
+def test_a_grammar_request_on_an_engine_sampling_in_graph_is_sampled_on_the_host_and_the_next_one_in_graph(tiny_target):
+    from localflash.api import load
+
+    opts = dict(model=tiny_target, spec="none", threads=1, ctx=512)
+    with load(sample_in_graph="on", **opts) as graph, load(sample_in_graph="off", **opts) as host:
+        a, b = (llm.generate(PROMPT, max_tokens=32, grammar=GBNF) for llm in (graph, host))
+        assert a.token_ids == b.token_ids and a.stats.sampled_in == "host" and a.finish_reason == "stop"
+        c, d = (llm.generate(PROMPT, max_tokens=16) for llm in (graph, host))
+        assert c.stats.sampled_in == "graph" and c.token_ids == d.token_ids
