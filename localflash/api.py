@@ -225,7 +225,7 @@ class LLM:
         self, prompt_or_messages, *, max_tokens: int | None = 256, temperature: float = 0.0, top_k: int = 40, top_p: float = 1.0,
         min_p: float = 0.0, seed: int | None = None, stop: list[str] | str | None = None, tools: list[dict] | None = None,
         system: str | None = None, raw: bool = False, thinking: bool | None = None, cancel=None, sampling=None,
-        draft_max: int | None = None, slot: int | None = None,
+        draft_max: int | None = None, slot: int | None = None, grammar: str | None = None, json_schema: dict | None = None,
     ) -> Generation:
         """Check and render the request and return its :class:`~localflash.session.Generation`.
 
@@ -233,11 +233,21 @@ class LLM:
         LocalflashError, a prompt that does not fit raises ContextOverflow.
         ``draft_max`` caps this request's draft length (0: plain decoding); None: the loaded drafter's.
         ``slot``: which parallel slot runs it (0 .. n_slots-1; None: slot 0); one request per slot at a time.
+        ``grammar``: GBNF text (llama.cpp's grammar format, start rule ``root``) every token must follow;
+        ``json_schema``: a JSON schema (a dict) the reply must be an instance of (converted to GBNF by
+        llama-cpp-python's converter). One of the two at most; a bad one raises GrammarError (``.param``
+        names it). Lossless with every drafter, tree and slots included (speculative/grammar.py).
         """
         self._check_open()
         session = self._session(slot)
         if sampling is None:
             sampling = sampling_params(temperature, top_k, top_p, min_p, seed)
+        if grammar is not None or json_schema is not None:
+            import dataclasses
+
+            from localflash.speculative.grammar import compile_constraint
+
+            sampling = dataclasses.replace(sampling, grammar=compile_constraint(self.target, grammar, json_schema))
         if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
             raise LocalflashError("tools must be a list of dicts (OpenAI function specs)")
         tokens, text = session.encode(prompt_or_messages, system=system, raw=raw, thinking=thinking, tools=tools)

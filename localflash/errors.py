@@ -52,3 +52,11 @@ class ChecksumMismatch(HubError):
 
 class DiskFull(HubError):
     """Not enough free space for a download; what was written is kept to resume from."""
+
+
+class GrammarError(LocalflashError):
+    """A grammar or JSON schema llama.cpp cannot take; ``param`` names the request field (the server answers 400)."""
+
+    def __init__(self, message: str, param: str = "grammar", hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.param = param

@@ -21,6 +21,8 @@ def run(
     raw: bool = RAW.option(),
     system: Optional[str] = SYSTEM.option(),
     json_out: bool = typer.Option(False, "--json", help="Print the statistics as JSON on stderr at the end."),
+    grammar_file: Optional[str] = typer.Option(None, "--grammar-file", help="A GBNF grammar file the reply must follow (llama.cpp's format)."),
+    json_schema: Optional[str] = typer.Option(None, "--json-schema", help="A JSON schema (inline JSON or a file) the reply must be an instance of."),
 ):
     """Generate text from a prompt; text on stdout, the summary on stderr."""
     from localflash.api import STOP_REASONS, open_llm
@@ -29,6 +31,7 @@ def run(
     if prompt == "-":
         prompt = sys.stdin.read()
     params = sampling.params()
+    constraint = _constraint(grammar_file, json_schema)
     cfg = load.config()
     with open_llm(cfg) as llm:
         n_ctx = llm.n_ctx
@@ -38,7 +41,7 @@ def run(
         elif cfg.ctx > n_ctx:
             rounded = f" (asked {cfg.ctx}: the largest that fits in memory)"
         try:
-            chunks = llm.stream(prompt, raw=raw, system=system or None, max_tokens=max_tokens, sampling=params)
+            chunks = llm.stream(prompt, raw=raw, system=system or None, max_tokens=max_tokens, sampling=params, **constraint)
         except ContextOverflow as e:
             fail(f"the prompt has {e.prompt_tokens} tokens but the context holds {n_ctx}{rounded}: no room to generate",
                  hint=f"raise -c/--ctx above {e.prompt_tokens} or shorten the prompt")
@@ -65,3 +68,29 @@ def run(
             import json
 
             typer.echo(json.dumps(stats.to_dict() | {"n_ctx": n_ctx}), err=True)
+
+
+def _constraint(grammar_file: str | None, json_schema: str | None) -> dict:
+    """--grammar-file / --json-schema -> LLM.start's ``grammar`` / ``json_schema`` keyword (checked there, before decoding)."""
+    import json
+    from pathlib import Path
+
+    if grammar_file and json_schema:
+        fail("pass --grammar-file or --json-schema, not both")
+    if grammar_file:
+        try:
+            return {"grammar": Path(grammar_file).read_text(encoding="utf-8")}
+        except OSError as e:
+            fail(f"cannot read --grammar-file {grammar_file}: {e.strerror or e}")
+    if json_schema:
+        text = json_schema
+        if not json_schema.lstrip().startswith(("{", "[")) and json_schema not in ("true", "false"):
+            try:
+                text = Path(json_schema).read_text(encoding="utf-8")
+            except OSError as e:
+                fail(f"cannot read --json-schema {json_schema}: {e.strerror or e}", hint="pass a schema file or inline JSON")
+        try:
+            return {"json_schema": json.loads(text)}
+        except json.JSONDecodeError as e:
+            fail(f"--json-schema is not valid JSON: {e}")
+    return {}

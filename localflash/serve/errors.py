@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from localflash.errors import ContextOverflow, EngineLost, LocalflashError
+from localflash.errors import ContextOverflow, EngineLost, GrammarError, LocalflashError
 from localflash.serve.metrics import Metrics
 
 
@@ -34,6 +34,9 @@ def error_from(e: Exception, param: str = "messages") -> APIError:
     if isinstance(e, ContextOverflow):
         return APIError(400, e.message, code="context_length_exceeded", param=param,
                         n_prompt_tokens=e.prompt_tokens, n_ctx=e.n_ctx)
+    if isinstance(e, GrammarError):  # a json_schema came in response_format (serve/constrained.py)
+        return APIError(400, e.message + (f" ({e.hint})" if e.hint else ""), code="invalid_value",
+                        param="response_format" if e.param == "json_schema" else e.param)
     if isinstance(e, EngineLost):
         return APIError(503, e.message + (f" ({e.hint})" if e.hint else ""), "unavailable_error", code="engine_lost")
     if isinstance(e, LocalflashError):

@@ -10,6 +10,7 @@ knows but cannot honour is a 400 that names it.
 from __future__ import annotations
 
 from localflash.serve import schemas as S
+from localflash.serve.constrained import chat_constraint, grammar_kwargs
 from localflash.serve.errors import APIError
 
 
@@ -51,12 +52,11 @@ def chat_request(body: S.ChatCompletionRequest) -> tuple[list[dict], dict]:
     """A chat request -> (messages, the LLM's keyword arguments); raises APIError for what is not supported."""
     if body.logprobs or body.top_logprobs:
         raise APIError(400, "logprobs are not supported", code="unsupported_parameter", param="logprobs")
-    if body.response_format is not None and body.response_format.type != "text":
-        raise APIError(400, f"response_format {body.response_format.type!r} is not supported (only text)",
-                       code="unsupported_value", param="response_format")
+    constraint = chat_constraint(body)  # response_format / grammar (serve/constrained.py)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools and body.tool_choice != "none" else None
     params = sampling(body, body.max_completion_tokens or body.max_tokens)
     params["tools"] = tools
+    params.update(constraint)
     thinking = (body.chat_template_kwargs or {}).get("enable_thinking")
     if thinking is not None:
         params["thinking"] = bool(thinking)
@@ -76,4 +76,5 @@ def completion_request(body: S.CompletionRequest) -> tuple[str, dict]:
             raise APIError(400, f"{name} is not supported", code="unsupported_parameter", param=name)
     params = sampling(body, body.max_tokens)
     params["raw"] = True
+    params.update(grammar_kwargs(body.grammar))
     return prompt, params

@@ -66,6 +66,8 @@ class StreamOptions(_Request):
 
 class ResponseFormat(_Request):
     type: str = "text"
+    json_schema: dict[str, Any] | None = Field(None, description="type json_schema: {\"name\": ..., \"schema\": {...}, \"strict\": true}.")
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="type json_object: an optional schema (llama-server's).")
 
 
 class _Generation(_Request):
@@ -84,6 +86,7 @@ class _Generation(_Request):
     frequency_penalty: float = Field(0.0, description="Only 0 is supported.")
     logit_bias: dict[str, float] | None = Field(None, description="Not supported (leave out or empty).")
     user: str | None = None
+    grammar: str | None = Field(None, description="llama-server's: GBNF every token of the reply must follow.")
     speculative_n_max: int | None = Field(None, alias="speculative.n_max", ge=0,
                                           description="llama-server's name: this request's longest draft (0: no drafting).")
 
@@ -96,7 +99,7 @@ class ChatCompletionRequest(_Generation):
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = Field(None, description="Not supported.")
     top_logprobs: int | None = Field(None, description="Not supported.")
-    response_format: ResponseFormat | None = Field(None, description="Only {\"type\": \"text\"}.")
+    response_format: ResponseFormat | None = Field(None, description="text, json_object or json_schema (constrained by grammar).")
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="{\"enable_thinking\": bool} switches thinking (templates that have it).")
     reasoning_format: Literal["auto", "none", "deepseek"] | None = Field(
         None, description="auto (or deepseek): thinking goes to reasoning_content; none: it stays in content. Default: the server's --reasoning-format.")

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from localflash.errors import LocalflashError
 from localflash.llama import Context
-from localflash.speculative.sampling import Sampler, SamplingParams
+from localflash.speculative.grammar import host_sampler
+from localflash.speculative.sampling import SamplingParams
 
 
 class GraphSampler:
@@ -43,8 +44,11 @@ class GraphSampler:
 
 
 def request_sampler(ctx: Context, params: SamplingParams | None, in_graph: bool):
-    """The sampler of one request: a :class:`GraphSampler` (the chain attached or reset) or the host Sampler (detached)."""
-    if in_graph:
+    """The sampler of one request: a :class:`GraphSampler` (the chain attached or reset) or the host Sampler (detached).
+
+    A request with a grammar is sampled on the host (its rows are masked there: speculative/grammar.py).
+    """
+    if in_graph and not (params is not None and params.grammar):
         return GraphSampler(ctx, params)
     ctx.sample_on_host()
-    return Sampler(params)
+    return host_sampler(ctx.model, params)

@@ -17,6 +17,7 @@ from localflash.errors import LocalflashError
 from localflash.llama import Context, Model
 from localflash.speculative.adapt import DraftPolicy
 from localflash.speculative.drafter import Drafter
+from localflash.speculative.grammar import finish, trim_draft
 from localflash.speculative.graph_sampler import GraphSampler, request_sampler
 from localflash.speculative.prefill import PromptFill
 from localflash.speculative.sampling import SamplingParams
@@ -112,12 +113,13 @@ class Engine:
             st.rollback = self.ctx.rollback_path
             st.snapshot_rollbacks += self.ctx.counts["snapshot"] - counts0["snapshot"]
             st.checkpoint_restores += self.ctx.counts["restore"] - counts0["restore"]
+            finish(sample, st)  # a grammar's counts and state
             # ``last`` is never in the cache: the next request re-decodes it if its prompt continues here
 
     def _chain_cycle(self, history: list[int], last: int, n_past: int, k: int, sample, st: Stats):
         """Draft up to ``k`` tokens, verify ``[last] + draft`` in one pass, commit; (new tokens, t_draft, t_verify)."""
         td = self.clock()
-        draft = self.drafter.propose(history, n_past, k) if k else []
+        draft = trim_draft(sample, self.drafter.propose(history, n_past, k) if k else [])  # cut at a grammar's first reject
         t_draft = self.clock() - td
         tv = self.clock()
         if draft and self.ctx.recurrent and len(draft) > self.ctx.n_rs_seq:

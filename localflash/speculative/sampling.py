@@ -46,6 +46,7 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
+    grammar: str | None = None  # GBNF text: every row is masked by it (speculative/grammar.py)
 
     def __post_init__(self):
         if self.temperature < 0:

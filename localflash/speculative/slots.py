@@ -37,7 +37,7 @@ from localflash.llama.sequences import SeqView, decode_views
 from localflash.speculative.group import DrafterGroup
 from localflash.speculative.loop import Engine, check_prompt, verify_block
 from localflash.speculative.prefill import PromptFill, prefill_rows
-from localflash.speculative.sampling import Sampler
+from localflash.speculative.grammar import finish, host_sampler, trim_draft
 from localflash.speculative.stats import Stats
 from localflash.speculative.step_policy import StepPolicy
 
@@ -46,11 +46,11 @@ BACKLOG = 8  # emits a slot may run ahead of its reader; a cancel is seen by the
 
 
 class _Request:
-    def __init__(self, prompt, max_tokens, sampling, draft_max, cancel=None):
+    def __init__(self, prompt, max_tokens, sampling, draft_max, cancel=None, target=None):
         self.cancel = cancel  # a threading.Event the caller may set: the request ends before the next step
         self.prompt = prompt
         self.max_tokens = max_tokens
-        self.sample = Sampler(sampling)
+        self.sample = host_sampler(target, sampling)
         self.draft_max = draft_max
         self.stats = Stats()
         self.out: queue.Queue = queue.Queue()
@@ -83,7 +83,7 @@ class SlotEngine(Engine):
     def generate(self, prompt, max_tokens, sampling=None, stats=None, draft_max=None, cancel=None):
         st = stats if stats is not None else Stats()
         check_prompt(prompt, self.ctx.n_ctx, "a slot", "raise -c/--ctx, lower --parallel or shorten the prompt")
-        req = _Request(list(prompt), max_tokens, sampling, draft_max, cancel)
+        req = _Request(list(prompt), max_tokens, sampling, draft_max, cancel, self.target)
         if cancel is not None and hasattr(cancel, "live"):
             cancel.live = req.stats  # the pool's own figures (the caller's copy lags by the emits not read yet)
         self.pool.submit(self, req)
@@ -275,6 +275,7 @@ class SlotPool:
             st.rollback = view.rollback_path
             st.snapshot_rollbacks += view.counts["snapshot"] - req.counts0["snapshot"]
             st.checkpoint_restores += view.counts["restore"] - req.counts0["restore"]
+        finish(req.sample, st)  # a grammar's counts and state
         slot.request = None
         if error is not None:
             req.emit("error", error)
@@ -426,7 +427,7 @@ class SlotPool:
             drafts = self.group.propose([(p[0].index, p[0].request.history, p[1], min(k, p[2])) for p in asking])
             share = (time.perf_counter() - td) / len(asking)
             for p, draft in zip(asking, drafts):
-                p[3], p[4] = draft, share
+                p[3], p[4] = trim_draft(p[0].request.sample, draft), share  # cut at a grammar's first reject
         for s, _n_past, _limit, draft, _td in plans:
             if draft and s.ctx.recurrent and len(draft) > s.ctx.n_rs_seq:
                 s.ctx.checkpoint(transient=True)  # no snapshot reaches back (qwen3next): restore + replay on a miss

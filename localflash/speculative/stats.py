@@ -40,6 +40,9 @@ class Stats:
     rollback: str = ""  # how the target cache went back: kv | snapshot (n_rs_seq) | replay (checkpoint + replay)
     snapshot_rollbacks: int = 0  # cuts served by recurrent-state snapshots
     checkpoint_restores: int = 0  # cuts served by restoring a recurrent-state checkpoint (then replay / re-prefill)
+    grammar_calls: int = 0  # C calls into a request's grammar (mask, test, accept, clone): speculative/grammar.py
+    grammar_rejected: int = 0  # draft tokens the grammar cut before verify
+    t_grammar: float = 0.0  # host time in the grammar (masking, draft checks)
     sampled_in: str = "host"  # where the target's rows were sampled: host (logits copied, localflash's Sampler) | graph (llama.cpp's chain, ids copied)
 
     def record_cycle(self, n_drafted: int, n_accepted: int, n_committed: int, depth: int | None = None, leaves: int = 1) -> None:
@@ -99,9 +102,10 @@ class Stats:
     def merge(self, other: "Stats") -> None:
         """Add another request's counts (cumulative session stats)."""
         for name in ("prompt_tokens", "cached_tokens", "generated", "committed", "cycles", "drafted", "accepted",
-                     "snapshot_rollbacks", "checkpoint_restores", "rows", "tree_cycles", "tree_nodes"):
+                     "snapshot_rollbacks", "checkpoint_restores", "rows", "tree_cycles", "tree_nodes",
+                     "grammar_calls", "grammar_rejected"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("t_prefill", "t_calibrate", "t_decode", "t_target", "t_draft"):
+        for name in ("t_prefill", "t_calibrate", "t_decode", "t_target", "t_draft", "t_grammar"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("accept_hist", "pos_tries", "pos_hits"):
             mine, theirs = getattr(self, name), getattr(other, name)

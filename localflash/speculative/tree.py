@@ -125,7 +125,14 @@ def prune(tree: Tree, n: int) -> Tree:
     """The first ``n`` drafted nodes ``tree`` chose (by rank): the best tree of that size, still depth-first."""
     if n >= tree.n - 1:
         return tree
-    keep = np.flatnonzero(tree.rank <= n)  # ancestors rank before their children: a subtree
+    return subtree(tree, tree.rank <= n)  # ancestors rank before their children: a subtree
+
+
+def subtree(tree: Tree, keep) -> Tree:
+    """The nodes where ``keep`` (a mask; a kept node's ancestors are kept), still depth-first."""
+    keep = np.flatnonzero(keep)
+    if len(keep) == tree.n:
+        return tree
     where = np.full(tree.n, -1, np.int64)
     where[keep] = np.arange(len(keep))
     parents = np.array([-1] + [where[p] for p in tree.parents[keep[1:]]], np.int32)
@@ -341,6 +348,8 @@ class TreeVerifier:
             if not self.size.verify.ema:  # start from the engine's calibration (rows -> seconds)
                 self.size.verify.ema.update(engine.policy.verify.ema)
             tree = prune(tree, self.size.choose(tree))
+        if hasattr(sample, "prune") and tree.n > 1:  # a grammar's (speculative/grammar.py): its rejected nodes are never verified
+            tree = subtree(tree, sample.prune(tree.tokens.tolist(), tree.parents.tolist()))
         t_draft = engine.clock() - td
         tv = engine.clock()
         decode_tree(ctx, tree, n_past)
