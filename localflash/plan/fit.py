@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from localflash.archs import DSPARK_DSV4_REFUSAL
+
+QUANT_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "iq4_nl": 32}  # values per block of a KV cache type
 from localflash.errors import LocalflashError
 from localflash.formats.gguf_meta import ModelMeta
 from localflash.plan.costs import (
@@ -92,6 +94,11 @@ def _check_wishes(target: ModelMeta, drafter: ModelMeta | None, w: Wishes) -> No
             f"{drafter.path.name} is a DFlash2 drafter without its conv/selector metadata (dflash.selector_top_k etc.)",
             hint="convert it again with a converter that writes the DFlash2 keys (localflash convert-drafter does)",
         )
+    for meta, kv, flag in ((target, w.kv, "--kv"), (drafter, w.drafter_kv, "--kv-drafter")):
+        block = QUANT_BLOCK.get(kv or "f16", 1)
+        if meta is not None and block > 1 and (meta.head_dim_k % block or meta.head_dim_v % block):
+            raise LocalflashError(f"a {kv} KV cache stores heads in blocks of {block} values but {meta.path.name}'s heads are "
+                                  f"{meta.head_dim_k} wide", hint=f"use {flag} f16 for this model")
     if drafter is not None and drafter.is_dflash and drafter.dsv4_backbone:
         raise LocalflashError(DSPARK_DSV4_REFUSAL.format(name=drafter.path.name),
                               hint="use a DSpark drafter with a Qwen3-style (DFlash) backbone")
