@@ -191,6 +191,21 @@ class LLM:
             chat_template=self.target.chat_template(),
         )
 
+    def acceptance_note(self, stats) -> str:
+        """One line when this run's measured acceptance is far below the pair's expected value (models.toml ``acceptance``),
+        naming the likely cause (a quantized drafter or target KV cache) and the fix; "" otherwise (``stats.acceptance_guard``)."""
+        from localflash.registry.pairs import get_pair
+        from localflash.speculative.stats import acceptance_guard
+
+        cfg = self.config
+        if cfg is None:
+            return ""
+        plan = getattr(self.engine, "plan", None)
+        target_kv = plan.type_k if plan is not None else cfg.kv
+        drafter_kv = (plan.drafter_type_kv if plan is not None else "") or cfg.kv_drafter or target_kv
+        expected = get_pair(cfg.pair).acceptance if cfg.pair else None
+        return acceptance_guard(stats, drafter_kv=drafter_kv, target_kv=target_kv, expected=expected)
+
     def off_reason(self) -> str | None:
         """Why the adaptive draft length keeps drafting off, in measured numbers; None while drafting pays (or before it was measured)."""
         return self.engine.policy.off_reason() if self.engine.calibrated else None

@@ -59,6 +59,9 @@ SYNTHETIC = "synthetic"  # a bench mode only (`bench --modes synthetic@ALPHA`), 
 MTP_DRAFT_MAX = 3  # llama.cpp's default MTP draft length (common_params_speculative_draft.n_max)
 # the longest draft per kind unless --draft-max says otherwise (DFlash: block size - 1 of a 16-token block)
 DRAFT_MAX = {"dflash": 15, "draft": 8, "eagle3": 8, "ngram": 8, "mtp": MTP_DRAFT_MAX, "none": 0, SYNTHETIC: 8}
+# DSpark files on a DeepSeek-V4 backbone (dflash.hyper_connection.count > 0): refused before loading (plan/fit.py) and by the driver
+DSPARK_DSV4_REFUSAL = ("{name} is a DSpark drafter on a DeepSeek-V4 backbone, which localflash does not drive "
+                       "(its stages are DSV4 blocks for a deepseek4 target)")
 EAGLE3_ENCODE_ROWS = 16  # rows per EAGLE-3 encoder pass: its output buffer holds that many logits rows (priced by plan/)
 
 

@@ -49,7 +49,8 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
     "ctx": LoadOption(Optional[int], None, ("--ctx", "-c"), f"Context size in tokens (default: the pair's, else {DEFAULT_CTX}; bench: what the longest prompt needs)."),
     "threads": LoadOption(int, 0, ("--threads", "-t"), "CPU threads (0: automatic)."),
     "n_gpu_layers": LoadOption(int, -1, ("--n-gpu-layers", "-ngl"), "Target layers on the GPU (-1: all)."),
-    "kv": LoadOption(Optional[str], None, ("--kv",), "KV cache type: f16, q8_0, q4_0."),
+    "kv": LoadOption(Optional[str], None, ("--kv",), "Target KV cache type: f16, q8_0, q4_0."),
+    "kv_drafter": LoadOption(Optional[str], None, ("--kv-drafter",), "Drafter KV cache type: f16, q8_0, q4_0 (default: the cheaper of f16 and --kv; MTP: --kv)."),
     "exact": LoadOption(bool, False, ("--exact",), "Byte-exact greedy on CPU: speculative output == plain output at any thread count (slower verify)."),
     "parallel": LoadOption(int, 1, (), "Parallel slots: requests decoded together, each with 1/N of the context (serve --parallel, bench --parallel)."),
     "rpc": LoadOption(Optional[str], None, ("--rpc",), "llama.cpp rpc-servers for target layers: HOST:PORT[,HOST:PORT...] (load(): a list too); trusted network only."),
@@ -77,6 +78,7 @@ class RunConfig:
     adaptive: bool = not _default("fixed")
     ctx: int = DEFAULT_CTX
     kv: str = "f16"
+    kv_drafter: str | None = _default("kv_drafter")  # None: the planner's choice (pricer.drafter_kv)
     n_gpu_layers: int = _default("n_gpu_layers")
     threads: int = _default("threads")
     p_min: float = _default("p_min")

@@ -135,6 +135,8 @@ def open_engine(cfg: RunConfig, target=None):
     if kind in MODEL_DRAFTERS and drafter_path is None:
         raise LocalflashError(f"--spec {kind} needs a drafter file", hint="pass --drafter PATH or use a pair")
     max_draft = default_draft_max(kind)
+    if kind == "dflash" and drafter_path is not None:
+        max_draft = dflash_draft_max(drafter_path, max_draft)
     if cfg.draft_max is not None:
         max_draft = min(max_draft, cfg.draft_max) if kind == "dflash" else cfg.draft_max
     tree = cfg.tree or 0
@@ -205,17 +207,18 @@ def open_engine(cfg: RunConfig, target=None):
     )
     in_graph = sample_in_graph(cfg, ctx, target)
     drafter_ctx = min(plan.drafter_n_ctx or plan.n_ctx, ctx.n_ctx_seq)  # no drafter file (MTP, n-gram): the target's
+    drafter_kv = plan.drafter_type_kv or cfg.kv_drafter or plan.type_k  # the drafter's cache type as planned (MTP: --kv-drafter, else --kv)
     if n_seq > 1:  # parallel slots: a drafter per slot, driven a step at a time by one group (speculative/group.py)
         from localflash.speculative.slots import SlotPool
 
         group = make_slot_drafters(spec, target, ctx, drafter_model, n_seq, n_ctx=drafter_ctx, max_draft=max_draft,
-                                   threads=cfg.threads, p_min=cfg.p_min, kv=plan.type_k)
+                                   threads=cfg.threads, p_min=cfg.p_min, kv=drafter_kv)
         pool = SlotPool(target, ctx, group.drafters, adaptive=cfg.adaptive, draft_max=max_draft,
                         max_rows=EXACT_MAX_ROWS if cfg.exact else None, n_ubatch=n_ubatch, group=group, exact=cfg.exact)
         pool.plan = plan
         return pool
     drafter = make_drafter(spec, target, ctx, drafter_model, n_ctx=drafter_ctx, max_draft=max_draft, threads=cfg.threads,
-                           p_min=cfg.p_min, kv=plan.type_k, in_graph_argmax=False if tree else None)
+                           p_min=cfg.p_min, kv=drafter_kv, in_graph_argmax=False if tree else None)
     engine = Engine(target, ctx, drafter, adaptive=cfg.adaptive, draft_max=max_draft, sample_in_graph=in_graph)
     if tree:  # adaptive: each cycle verifies as much of the tree as pays (TreeSize); --fixed: all of it
         engine.tree = TreeVerifier(tree, size=TreeSize(CostTable()) if cfg.adaptive else None)
@@ -291,11 +294,11 @@ def make_slot_drafters(kind: str, target, ctx, drafter_model, n_seq: int, *, n_c
         if base == "dflash":
             from localflash.speculative.dflash import DFlashGroup
 
-            group = DFlashGroup(drafter_model, target, ctx, n_ctx + BLOCK_ROOM, n_seq, n_threads=threads, p_min=p_min)
+            group = DFlashGroup(drafter_model, target, ctx, n_ctx + BLOCK_ROOM, n_seq, n_threads=threads, p_min=p_min, kv=kv)
         elif base == "draft":
             from localflash.speculative.draft_model import DraftModelGroup
 
-            group = DraftModelGroup(drafter_model, target, n_ctx, n_seq, max_draft, p_min, n_threads=threads)
+            group = DraftModelGroup(drafter_model, target, n_ctx, n_seq, max_draft, p_min, n_threads=threads, kv=kv)
         else:
             from localflash.speculative.mtp import MtpGroup
 
@@ -307,6 +310,17 @@ def make_slot_drafters(kind: str, target, ctx, drafter_model, n_seq: int, *, n_c
                              n_ctx=n_ctx, max_draft=max_draft, threads=threads, p_min=p_min, kv=kv)
                 for i in range(n_seq)]
     return DrafterGroup([d or _no_drafter() for d in drafters])
+
+
+def dflash_draft_max(path: Path, default: int) -> int:
+    """The longest draft of a ``dflash`` file: an anchor-first DSpark file drafts its whole block, DFlash B - 1."""
+    from localflash.formats.gguf_meta import read_meta
+    from localflash.llama import check_gguf
+
+    meta = read_meta(check_gguf(path))
+    if meta.is_dspark and meta.sample_from_anchor and meta.block_size:
+        return meta.block_size
+    return default
 
 
 def default_draft_max(kind: str) -> int:
@@ -325,7 +339,7 @@ def make_drafter(kind: str, target, ctx, drafter_model=None, *, n_ctx: int, max_
     the loaded drafter file (dflash, eagle3, draft). ``n_ctx``: the tokens the drafter's cache must
     hold (DFlash and EAGLE-3 get their block's room on top); ``max_draft``: the longest draft
     (default: the kind's :data:`~localflash.archs.DRAFT_MAX`; DFlash drafts its block). ``kv``:
-    MTP's cache type; ``in_graph_argmax``: DFlash's argmax in llama.cpp's graph (None: where it pays).
+    the drafter's cache type (its own context's, MTP's context's); ``in_graph_argmax``: DFlash's argmax in llama.cpp's graph (None: where it pays).
     """
     base = base_kind(kind)
     if max_draft is None:
@@ -333,17 +347,18 @@ def make_drafter(kind: str, target, ctx, drafter_model=None, *, n_ctx: int, max_
     if base == "none":
         return None
     if base == "dflash":
-        from localflash.speculative.dflash import DFlashDrafter
+        from localflash.speculative.dflash import dflash_drafter
 
-        drafter = DFlashDrafter(drafter_model, target, ctx, n_ctx + BLOCK_ROOM, n_threads=threads, p_min=p_min, in_graph_argmax=in_graph_argmax)
+        drafter = dflash_drafter(drafter_model, target, ctx, n_ctx + BLOCK_ROOM, n_threads=threads, p_min=p_min,
+                                 in_graph_argmax=in_graph_argmax, kv=kv)
     elif base == "eagle3":
         from localflash.speculative.eagle3 import Eagle3Drafter
 
-        drafter = Eagle3Drafter(drafter_model, target, ctx, n_ctx + max_draft + 1, max_draft, p_min, n_threads=threads)
+        drafter = Eagle3Drafter(drafter_model, target, ctx, n_ctx + max_draft + 1, max_draft, p_min, n_threads=threads, kv=kv)
     elif base == "draft":
         from localflash.speculative.draft_model import DraftModelDrafter
 
-        drafter = DraftModelDrafter(drafter_model, target, n_ctx, max_draft, p_min, n_threads=threads)
+        drafter = DraftModelDrafter(drafter_model, target, n_ctx, max_draft, p_min, n_threads=threads, kv=kv)
     elif base == "mtp":
         from localflash.speculative.mtp import MtpDrafter
 
@@ -380,7 +395,8 @@ def plan_for(cfg: RunConfig, drafter_path: Path | None, max_draft: int, mtp: boo
 
         chosen = [devices.Gpu(i, f"rpc-server {e}", d.total, d.free, e)
                   for e in cfg.rpc for i, d in enumerate(rpc.add_servers([e]))] + chosen
-    wishes = Wishes(ctx=cfg.ctx, kv=cfg.kv, n_draft=max(max_draft, 1), mtp=mtp, n_seq=max(1, cfg.parallel))
+    wishes = Wishes(ctx=cfg.ctx, kv=cfg.kv, n_draft=max(max_draft, 1), mtp=mtp, n_seq=max(1, cfg.parallel),
+                    drafter_kv=cfg.kv_drafter)
     return make_plan(t_meta, d_meta, chosen, devices.host_memory(), wishes)
 
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Conformance of localflash's DFlash2 and EAGLE-3 drafters with llama.cpp's own driver.
+"""Conformance of localflash's DFlash2, DSpark and EAGLE-3 drafters with llama.cpp's own driver.
 
 On the same tiny target + drafter files, greedy and at a fixed draft length,
-``llama-speculative-simple`` (``--spec-type draft-dflash`` / ``draft-eagle3``,
+``llama-speculative-simple`` (``--spec-type draft-dflash`` / ``draft-dspark`` / ``draft-eagle3``,
 built by ``scripts/build_peer.sh``) and localflash's Engine are run cycle by
 cycle and compared: drafted and accepted counts per cycle, the target's token
-after each cycle, and (EAGLE-3, whose driver logs each step's top candidate)
-the draft tokens themselves.
+after each cycle, and (EAGLE-3 and DSpark, whose drivers log each position's top
+candidate) the draft tokens themselves. DSpark runs at n_max = its block (the
+anchor-first layout drafts all of it), with and without the confidence cut.
 
 Alignment: llama.cpp prefills all prompt tokens but the last and drafts from
 that one; localflash prefills the whole prompt, samples the first token t1 and
@@ -14,7 +15,7 @@ drafts from t1. So the peer is handed the prompt text of ``prompt + [t1]``
 (only prompts whose text tokenizes back to exactly those ids are used): both
 then run their first cycle at the same position with the same newest token.
 
-    PEER_DIR=/work/peer .venv/bin/python benchmarks/conformance/peer_drafter_conformance.py [--prompts 12] [--tokens 96]
+    PEER_DIR=/work/peer .venv/bin/python benchmarks/conformance/peer_drafter_conformance.py [--prompts 12] [--tokens 96] [--only dspark]
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ import numpy as np
 from localflash.llama import Context, ContextOptions, Model
 from localflash.engine import make_drafter
 from localflash.speculative.loop import Engine
-from localflash.formats.dflash_gguf import DFlash2Spec
-from localflash.testing.tiny import Eagle3Spec, TinySpec, write_dflash2, write_eagle3, write_target
+from localflash.formats.dflash_gguf import DFlash2Spec, DSparkSpec
+from localflash.testing.tiny import Eagle3Spec, TinySpec, write_dflash2, write_dspark, write_eagle3, write_target
 
 WORDS = "the river a garden of quiet stone light and paper over nine silver hills where we".split()
 N_CTX = 1024
@@ -109,7 +110,8 @@ def peer_cycles(peer: Path, target: Path, drafter: Path, spec_type: str, text: s
         m = ACCEPT.search(line)
         if m:
             drafted = int(m[2])
-            cycles.append(Cycle(drafted, int(m[1]), int(m[3]), steps[:drafted] if spec_type == "draft-eagle3" else []))
+            logged = spec_type in ("draft-eagle3", "draft-dspark")
+            cycles.append(Cycle(drafted, int(m[1]), int(m[3]), steps[:drafted] if logged else []))
             steps = []
     return cycles
 
@@ -155,6 +157,7 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--peer-dir", default=os.environ.get("PEER_DIR", "/work/peer"))
+    ap.add_argument("--only", default="", help="run only the drafters whose label starts with this (e.g. dspark)")
     args = ap.parse_args()
     peer = Path(args.peer_dir) / "bin" / "llama-speculative-simple"
     if not peer.exists():
@@ -171,7 +174,16 @@ def main() -> int:
         ("eagle3 echo p_min 0.3", work / "eagle3-echo.gguf", "draft-eagle3", 4, 0.3),
         ("eagle3 random", write_eagle3(work / "eagle3.gguf", Eagle3Spec(target_layers=[0, 1, 3])), "draft-eagle3", 6, 0.0),
         ("eagle3 d2t own head", write_eagle3(work / "eagle3-d2t.gguf", Eagle3Spec(draft_vocab=8000, own_embeddings=True, seed=5)), "draft-eagle3", 4, 0.0),
+        # DSpark: random heads; the Markov head set to the target's bigram (often right); the bonus-anchor layout
+        ("dspark b8", write_dspark(work / "dspark.gguf", DSparkSpec(target_layers=[1, 2, 3])), "draft-dspark", 8, 0.0),
+        ("dspark b8 p_min 0.5", work / "dspark.gguf", "draft-dspark", 8, 0.5),
+        ("dspark b8 agree", write_dspark(work / "dspark-agree.gguf", DSparkSpec(target_layers=[1, 2, 3], seed=6), agree_with=target_path),
+         "draft-dspark", 8, 0.0),
+        ("dspark b8 agree p_min 0.5", work / "dspark-agree.gguf", "draft-dspark", 8, 0.5),
+        ("dspark b6 bonus anchor p_min 0.4", write_dspark(work / "dspark-bonus.gguf", DSparkSpec(target_layers=[0, 3], block_size=6, sample_from_anchor=False, conf_bias=1.0, seed=8)),
+         "draft-dspark", 5, 0.4),
     ]
+    drafters = [d for d in drafters if d[0].startswith(args.only)]
 
     def plain_first(ids):
         ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_threads=1))
@@ -189,7 +201,7 @@ def main() -> int:
         tot = [0, 0, 0, 0, 0, 0]
         firsts = []
         for ids, text in cases:
-            if spec_type == "draft-dflash":
+            if spec_type in ("draft-dflash", "draft-dspark"):
                 make = lambda ctx, p=path, pm=p_min: make_drafter("dflash", target, ctx, Model(p), n_ctx=N_CTX, threads=1, p_min=pm)  # noqa: E731
             else:
                 make = lambda ctx, p=path, pm=p_min, k=n_max: make_drafter("eagle3", target, ctx, Model(p), n_ctx=N_CTX, max_draft=k, threads=1, p_min=pm)  # noqa: E731

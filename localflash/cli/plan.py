@@ -28,7 +28,8 @@ def plan(
     vram: Optional[str] = typer.Option(None, "--vram", help="Plan for one card of this size, e.g. 24GiB."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="Cards by index (0,1) or by size (24GiB,24GiB)."),
     ctx: Optional[int] = typer.Option(None, "--ctx", "-c", help="Context wish in tokens (0: the largest that fits)."),
-    kv: Optional[str] = typer.Option(None, "--kv", help="KV cache type: f16, q8_0, q4_0 (default: the best that fits)."),
+    kv: Optional[str] = typer.Option(None, "--kv", help="Target KV cache type: f16, q8_0, q4_0 (default: the best that fits)."),
+    kv_drafter: Optional[str] = typer.Option(None, "--kv-drafter", help="Drafter KV cache type: f16, q8_0, q4_0 (default: the cheaper of f16 and --kv)."),
     split: str = typer.Option("layer", "--split", help="layer | tensor (experimental) for several cards."),
     draft_max: Optional[int] = DRAFT_MAX.option(),
     margin: str = typer.Option("512MiB", "--margin", help="Memory left free on every card."),
@@ -44,7 +45,7 @@ def plan(
     Files on the hub (-hf, --hf-drafter, a pair named by hub files) are priced from their GGUF headers,
     read with HTTP range requests: nothing is downloaded."""
     plan_command(pair, target, drafter, vram, gpus, ctx, kv, split, draft_max, margin, json_out, mtp=mtp, rpc=rpc,
-                 parallel=parallel, hf=hf, hf_drafter=hf_drafter)
+                 parallel=parallel, hf=hf, hf_drafter=hf_drafter, kv_drafter=kv_drafter)
 
 
 def plan_command(
@@ -67,6 +68,7 @@ def plan_command(
     parallel: int = 1,
     hf: str | None = None,
     hf_drafter: str | None = None,
+    kv_drafter: str | None = None,
 ) -> Plan:
     """Plan ``--pair NAME`` or ``--target T [--drafter D]`` and print it (``detected``/``host`` override probing).
 
@@ -131,7 +133,8 @@ def plan_command(
         mtp = drafter_path is None and t_meta.n_layer_nextn > 0
     if mtp and not t_meta.n_layer_nextn:
         raise LocalflashError(f"{Path(target_path).name} has no MTP (nextn) layers to plan for", hint="drop --mtp")
-    wishes = Wishes(ctx=ctx, kv=kv, split=split, margin=devices.parse_size(margin), mtp=mtp, n_seq=max(1, parallel))
+    wishes = Wishes(ctx=ctx, kv=kv, split=split, margin=devices.parse_size(margin), mtp=mtp, n_seq=max(1, parallel),
+                    drafter_kv=kv_drafter)
     if mtp and draft_max is None:
         from localflash.archs import MTP_DRAFT_MAX
 

@@ -55,6 +55,9 @@ def run(
         out.flush()
         stats = chunk.stats
         typer.echo(stats.summary(), err=True)
+        note = llm.acceptance_note(stats)
+        if note:
+            typer.echo(f"warning: {note}", err=True)
         off = llm.off_reason()
         if off:
             typer.echo(off, err=True)

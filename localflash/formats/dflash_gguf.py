@@ -98,6 +98,39 @@ class DFlash2Spec(DFlashSpec):
 
 
 @dataclass
+class DSparkSpec(DFlashSpec):
+    """A DSpark drafter: DFlashSpec plus the Markov head and (``confidence``) the confidence head.
+
+    Tensors follow ``src/models/dflash.cpp``: ``markov_w1`` and ``markov_w2``
+    ``[n_vocab, markov_rank]`` (NumPy order), ``conf_proj`` ``[1, n_embd + markov_rank]``
+    and its bias ``[1]``. Keys: ``dflash.sample_from_anchor`` (anchor-first block,
+    llama.cpp's default when absent) and ``dflash.has_confidence_head``; ``None``
+    leaves a key out. ``dsv4_hc`` > 0 writes ``dflash.hyper_connection.count`` (a
+    DeepSeek-V4-backbone header, for the refusal path; its tensors are not written).
+    """
+
+    block_size: int = 8
+    markov_rank: int = 16
+    confidence: bool = True
+    sample_from_anchor: bool | None = True
+    has_confidence_key: bool | None = None  # None: written as ``confidence``
+    markov_scale: float = 0.5  # random-weight fixtures: std of w1 and w2 (how much the Markov bias reorders the logits)
+    conf_bias: float = 0.0  # random-weight fixtures: the confidence logit's bias (0: confidences around 0.5)
+    dsv4_hc: int = 0
+
+    def dspark_keys(self) -> dict[str, bool | int]:
+        keys: dict[str, bool | int] = {}
+        if self.sample_from_anchor is not None:
+            keys["sample_from_anchor"] = bool(self.sample_from_anchor)
+        conf = self.confidence if self.has_confidence_key is None else self.has_confidence_key
+        if conf is not None:
+            keys["has_confidence_head"] = bool(conf)
+        if self.dsv4_hc:
+            keys["hyper_connection.count"] = int(self.dsv4_hc)
+        return keys
+
+
+@dataclass
 class LazyTensor:
     """A tensor known by shape, loaded only when written (``integer``: int64, e.g. ``d2t``)."""
 
@@ -160,6 +193,8 @@ def write_dflash_gguf(
         w.add_uint32("dflash.n_target_layers", int(n_target_layers))
     for key, value in (spec.dflash2_keys() if isinstance(spec, DFlash2Spec) else {}).items():
         w.add_uint32(f"dflash.{key}", int(value))
+    for key, value in (spec.dspark_keys() if isinstance(spec, DSparkSpec) else {}).items():
+        (w.add_bool if isinstance(value, bool) else w.add_uint32)(f"dflash.{key}", value)
     w.add_file_type(1 if float_type == "F16" else 0)
 
     def load(name: str) -> np.ndarray:

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from localflash.archs import DSPARK_DSV4_REFUSAL
+
+QUANT_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "iq4_nl": 32}  # values per block of a KV cache type
 from localflash.errors import LocalflashError
 from localflash.formats.gguf_meta import ModelMeta
 from localflash.plan.costs import (
@@ -77,6 +80,8 @@ def _check_wishes(target: ModelMeta, drafter: ModelMeta | None, w: Wishes) -> No
         )
     if w.kv and w.kv not in GGML_TYPE_IDS:
         raise LocalflashError(f"unknown KV cache type {w.kv!r}", hint=f"choose one of {', '.join(KV_ORDER)}")
+    if w.drafter_kv and w.drafter_kv not in GGML_TYPE_IDS:
+        raise LocalflashError(f"unknown drafter KV cache type {w.drafter_kv!r} (--kv-drafter)", hint=f"choose one of {', '.join(KV_ORDER)}")
     if w.split not in ("layer", "tensor"):
         hint = "row split does not work on CUDA in this llama.cpp" if w.split == "row" else None
         raise LocalflashError(f"unsupported split mode {w.split!r}", hint=hint or "use layer (default) or tensor")
@@ -89,6 +94,14 @@ def _check_wishes(target: ModelMeta, drafter: ModelMeta | None, w: Wishes) -> No
             f"{drafter.path.name} is a DFlash2 drafter without its conv/selector metadata (dflash.selector_top_k etc.)",
             hint="convert it again with a converter that writes the DFlash2 keys (localflash convert-drafter does)",
         )
+    for meta, kv, flag in ((target, w.kv, "--kv"), (drafter, w.drafter_kv, "--kv-drafter")):
+        block = QUANT_BLOCK.get(kv or "f16", 1)
+        if meta is not None and block > 1 and (meta.head_dim_k % block or meta.head_dim_v % block):
+            raise LocalflashError(f"a {kv} KV cache stores heads in blocks of {block} values but {meta.path.name}'s heads are "
+                                  f"{meta.head_dim_k} wide", hint=f"use {flag} f16 for this model")
+    if drafter is not None and drafter.is_dflash and drafter.dsv4_backbone:
+        raise LocalflashError(DSPARK_DSV4_REFUSAL.format(name=drafter.path.name),
+                              hint="use a DSpark drafter with a Qwen3-style (DFlash) backbone")
     if drafter is not None and drafter.is_eagle3 and drafter.target_hidden_size != target.n_embd:
         raise LocalflashError(
             f"EAGLE-3 drafter expects target_hidden_size {drafter.target_hidden_size} but the target is {target.n_embd} wide",

@@ -213,7 +213,7 @@ class Pricer:
 
     def _add_mtp(self, c: Config, gpu_rows: list[DeviceUse], host: DeviceUse, where: list[int | None]) -> None:
         """Move the nextn weights into the drafter column and add the MTP context's KV, compute and outputs."""
-        m = mtp_cost(self.t, where, self.mtp_cells(c.n_ctx), c.kv, self.w.n_ubatch, self.w.n_batch, max(1, self.w.n_seq))
+        m = mtp_cost(self.t, where, self.mtp_cells(c.n_ctx), self.w.drafter_kv or c.kv, self.w.n_ubatch, self.w.n_batch, max(1, self.w.n_seq))
         for dev, n_bytes in m.nextn_weights.items():
             row = host if dev is None else gpu_rows[dev]
             row.target_weights -= n_bytes
@@ -258,6 +258,11 @@ class Pricer:
             host.overhead += d.output_vocab * lay.outputs * 4
         if d.selector_top_k:  # DFlash2: one lattice row per batch position
             host.overhead += d.n_embd * self.w.n_batch * 4
+        if d.is_dspark:
+            # the Markov head: the corrected logits, chained position by position, then copied back to block order
+            # (two more logits-sized tensors a decode), and a confidence row of n_embd per output row
+            row.drafter_compute += lay.contexts * 2 * d.output_vocab * lay.outputs * 4
+            host.overhead += d.n_embd * lay.outputs * 4
 
     def fits(self, c: Config) -> bool:
         rows, host = self.price(c)

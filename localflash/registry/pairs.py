@@ -44,6 +44,7 @@ class Pair:
     ctx: int = 4096
     thinking: bool = False
     notes: str = ""
+    acceptance: float | None = None  # expected drafter acceptance with f16 caches (greedy, fixed length): the guard's reference
     source: Path = field(default=SHIPPED)
     derive: str | None = None  # e.g. "Q2_K": the drafter is the target requantized
     target_hf: str | None = None  # "OWNER/REPO/FILE.gguf" or "OWNER/REPO:QUANT": the target's name on the hub
@@ -130,6 +131,7 @@ def _pair(name: str, raw: dict, source: Path) -> Pair:
             ctx=int(raw.get("ctx", 4096)),
             thinking=bool(raw.get("thinking", False)),
             notes=str(raw.get("notes", "")),
+            acceptance=float(raw["acceptance"]) if raw.get("acceptance") is not None else None,
             source=source,
             derive=derive,
             target_hf=hf.get("target"),

@@ -27,6 +27,7 @@ import numpy as np
 
 from localflash.archs import LAYER_INPUT_ARCHS
 from localflash.errors import LocalflashError
+from localflash.formats.gguf_meta import read_meta
 from localflash.llama import Context, ContextOptions, Model, SeqView, gpu_offload_supported
 from localflash.llama.sequences import decode_embd_views, decode_views
 from localflash.speculative.drafter import Drafter
@@ -88,7 +89,7 @@ def walk_lattice(rows: np.ndarray, top_k: int, k: int, p_min: float = 0.0) -> li
     return drafts
 
 
-def dflash_context(model: Model, target_ctx: Context, n_ctx: int, n_threads: int = 0, n_seq: int = 1) -> Context:
+def dflash_context(model: Model, target_ctx: Context, n_ctx: int, n_threads: int = 0, n_seq: int = 1, kv: str = "f16") -> Context:
     """The drafter's context: ``n_ctx`` positions for each of ``n_seq`` sequences (slots), in one unified KV.
 
     Unified: llama.cpp then takes a batch of several sequences as one micro-batch (``split_simple``;
@@ -99,11 +100,26 @@ def dflash_context(model: Model, target_ctx: Context, n_ctx: int, n_threads: int
     """
     block = int(model.meta("dflash.block_size") or 16)
     ctx = Context(model, ContextOptions(n_ctx=n_ctx * n_seq, n_batch=512, n_ubatch=512, n_outputs_max=min(512, block * n_seq),
-                                        n_threads=n_threads, n_seq_max=n_seq, kv_unified=True), other=target_ctx)
+                                        n_threads=n_threads, n_seq_max=n_seq, kv_unified=True, type_k=kv, type_v=kv), other=target_ctx)
     ctx.set_causal((model.meta("dflash.attention.causal") or "false").lower() == "true")
-    if model.dflash_selector_top_k():
-        ctx.output_nextn(masked=False)  # the lattice has a row per block position, logits are not read
+    if model.dflash_selector_top_k() or is_dspark(model):
+        # DFlash2: the lattice has a row per block position, logits are not read; DSpark: each position's confidence
+        ctx.output_nextn(masked=False)
     return ctx
+
+
+def is_dspark(model: Model) -> bool:
+    """Whether a ``dflash`` drafter is a DSpark file (a Markov head: ``markov_w1``), as llama.cpp tells them apart."""
+    return read_meta(model.path).is_dspark
+
+
+def dflash_drafter(model: Model, *args, **kw) -> "DFlashDrafter":
+    """The drafter a ``dflash`` file is driven by: :class:`DFlashDrafter` (DFlash, DFlash2) or DSpark's."""
+    if is_dspark(model):
+        from localflash.speculative.dspark import DSparkDrafter
+
+        return DSparkDrafter(model, *args, **kw)
+    return DFlashDrafter(model, *args, **kw)
 
 
 def greedy_in_graph(ctx: Context, in_graph_argmax: bool | None, top_k: int, n_seq: int = 1) -> bool:
@@ -125,7 +141,7 @@ class DFlashDrafter(Drafter):
     cost_grows_with_length = False
 
     def __init__(self, model: Model, target: Model, target_ctx: Context, n_ctx: int, n_threads: int = 0, p_min: float = 0.0,
-                 in_graph_argmax: bool | None = None, group: "DFlashGroup | None" = None, seq: int = 0):
+                 in_graph_argmax: bool | None = None, group: "DFlashGroup | None" = None, seq: int = 0, kv: str = "f16"):
         self.layer_ids = check_dflash_pair(target, model)
         self.model = model
         self.block_size = int(model.meta("dflash.block_size") or 16)
@@ -139,7 +155,7 @@ class DFlashDrafter(Drafter):
             raise LocalflashError(f"{model.path.name} has no mask token (tokenizer.ggml.mask_token_id)")
         self.owner = group is None
         if group is None:
-            self.ctx = dflash_context(model, target_ctx, n_ctx, n_threads)
+            self.ctx = dflash_context(model, target_ctx, n_ctx, n_threads, kv=kv)
             self.in_graph = greedy_in_graph(self.ctx, in_graph_argmax, self.top_k)
             self.ctx_limit = self.ctx.n_ctx - self.block_size
         else:  # its share of the group's context: positions 0..n_ctx-1 of sequence ``seq``
@@ -286,11 +302,12 @@ class DFlashGroup(DrafterGroup):
     """
 
     def __init__(self, model: Model, target: Model, target_ctx: Context, n_ctx: int, n_seq: int, n_threads: int = 0,
-                 p_min: float = 0.0, in_graph_argmax: bool | None = None):
+                 p_min: float = 0.0, in_graph_argmax: bool | None = None, kv: str = "f16"):
         self.model = model
-        self.ctx = dflash_context(model, target_ctx, n_ctx, n_threads, n_seq)
-        self.in_graph = greedy_in_graph(self.ctx, in_graph_argmax, model.dflash_selector_top_k(), n_seq)
-        super().__init__([DFlashDrafter(model, target, target_ctx, n_ctx, p_min=p_min, group=self, seq=i) for i in range(n_seq)])
+        self.ctx = dflash_context(model, target_ctx, n_ctx, n_threads, n_seq, kv=kv)
+        dspark = is_dspark(model)  # DSpark drafts are read from the Markov-corrected logits, never argmaxed in the graph
+        self.in_graph = not dspark and greedy_in_graph(self.ctx, in_graph_argmax, model.dflash_selector_top_k(), n_seq)
+        super().__init__([dflash_drafter(model, target, target_ctx, n_ctx, p_min=p_min, group=self, seq=i) for i in range(n_seq)])
         self.block_size = self.drafters[0].block_size
         self.per_decode = max(1, self.ctx.n_batch // self.block_size)  # blocks one draft decode carries
 

@@ -49,14 +49,15 @@ class DraftModelDrafter(Drafter):
     name = "draft"
 
     def __init__(self, model: Model, target: Model, n_ctx: int, max_draft: int = 8, p_min: float = 0.0, n_threads: int = 0,
-                 group: "DraftModelGroup | None" = None, seq: int = 0):
+                 group: "DraftModelGroup | None" = None, seq: int = 0, kv: str = "f16"):
         self.model = model
         self.max_draft = max_draft
         self.p_min = p_min
         self.owner = group is None
         if group is None:
             check_same_vocab(target, model)
-            self.ctx = Context(model, ContextOptions(n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_outputs_max=1, n_threads=n_threads))
+            self.ctx = Context(model, ContextOptions(n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_outputs_max=1, n_threads=n_threads,
+                                                     type_k=kv, type_v=kv))
             self.ctx_limit = self.ctx.n_ctx - 1
         else:  # its share of the group's context: positions 0..n_ctx-1 of sequence ``seq``
             self.ctx = SeqView(group.ctx, seq)
@@ -155,11 +156,11 @@ class DraftModelGroup(DrafterGroup):
     """
 
     def __init__(self, model: Model, target: Model, n_ctx: int, n_seq: int, max_draft: int = 8, p_min: float = 0.0,
-                 n_threads: int = 0):
+                 n_threads: int = 0, kv: str = "f16"):
         check_same_vocab(target, model)
         self.model = model
         self.ctx = Context(model, ContextOptions(n_ctx=n_ctx * n_seq, n_batch=512, n_ubatch=512, n_outputs_max=n_seq,
-                                                 n_threads=n_threads, n_seq_max=n_seq, kv_unified=True))
+                                                 n_threads=n_threads, n_seq_max=n_seq, kv_unified=True, type_k=kv, type_v=kv))
         super().__init__([DraftModelDrafter(model, target, n_ctx, max_draft, p_min, group=self, seq=i) for i in range(n_seq)])
 
     def propose(self, asks: list[Ask]) -> list[list[int]]:

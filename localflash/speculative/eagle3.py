@@ -77,7 +77,8 @@ class Eagle3Drafter(Drafter):
     name = "eagle3"
     cost_grows_with_length = True  # one decoder step per drafted token
 
-    def __init__(self, model: Model, target: Model, target_ctx: Context, n_ctx: int, max_draft: int = 8, p_min: float = 0.0, n_threads: int = 0):
+    def __init__(self, model: Model, target: Model, target_ctx: Context, n_ctx: int, max_draft: int = 8, p_min: float = 0.0, n_threads: int = 0,
+                 kv: str = "f16"):
         self.layer_ids = check_eagle3_pair(target, model)
         self.model = model
         self.max_draft = max_draft
@@ -85,7 +86,7 @@ class Eagle3Drafter(Drafter):
         other = target_ctx if needs_target_weights(model.path) else None
         self.ctx = Context(
             model,
-            ContextOptions(n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_outputs_max=512, n_threads=n_threads),
+            ContextOptions(n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_outputs_max=512, n_threads=n_threads, type_k=kv, type_v=kv),
             other=other,
         )
         self.ctx.output_nextn(masked=True)  # the pre-norm hidden state of each output row: the next step's g

@@ -151,6 +151,34 @@ class Stats:
         return line
 
 
+FAR_BELOW = 0.5  # a measured acceptance under half its reference is "far below" it
+GUARD_MIN_DRAFTED = 64  # drafted tokens before the guard judges a run (fewer: noise)
+
+
+def acceptance_guard(st: Stats, drafter_kv: str = "f16", target_kv: str = "f16", expected: float | None = None,
+                     f16_acceptance: float | None = None, min_drafted: int = GUARD_MIN_DRAFTED) -> str:
+    """One line when the run's measured acceptance is far below a reference, naming the likely cause and the fix; "" if not.
+
+    References: the drafter's own acceptance with f16 caches (``f16_acceptance``) and the pair's expected value
+    (``expected``, models.toml ``acceptance``: measured with f16 caches, benchmarks/drafter/kv_acceptance.py).
+    The cause named: a quantized drafter cache first (upstream, a quantized draft cache took DFlash from 99% to
+    0-2% acceptance, llama.cpp #25725), then a quantized target cache, else a drafter that does not fit the text.
+    """
+    if st.drafter == "none" or st.drafted < min_drafted:
+        return ""
+    for ref, what in ((f16_acceptance, "its acceptance with f16 caches"), (expected, "this pair's expected")):
+        if ref and st.acceptance < FAR_BELOW * ref:
+            break
+    else:
+        return ""
+    got = f"{st.drafter} acceptance {100 * st.acceptance:.1f}% ({st.accepted}/{st.drafted}) is far below {what} {100 * ref:.0f}%"
+    if drafter_kv != "f16":
+        return f"{got}: the drafter's {drafter_kv} KV cache is the likely cause; rerun with --kv-drafter f16"
+    if target_kv != "f16":
+        return f"{got}: the target's {target_kv} KV cache is the likely cause; rerun with --kv f16 (or q8_0)"
+    return f"{got} with f16 caches: the drafter likely does not fit this target or this kind of text (localflash models check)"
+
+
 def _bump(counts: list[int], i: int, by: int = 1) -> None:
     while len(counts) <= i:
         counts.append(0)

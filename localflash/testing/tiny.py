@@ -6,7 +6,7 @@ by seed; a drafter made from the target's seed plus Gaussian ``noise`` agrees
 with the target more or less often (0 noise: always, 0.6: rarely).
 
 Architectures: ``llama`` and ``qwen3`` targets (both export layer inputs, so
-DFlash can tap them); ``dflash`` and DFlash2 drafters in the real file format
+DFlash can tap them); ``dflash``, DFlash2 and DSpark drafters in the real file format
 (:mod:`localflash.formats.dflash_gguf`) with random weights; ``eagle3``
 drafters (``src/models/eagle3.cpp``); ``qwen35`` and ``qwen3next`` hybrids
 (Gated-DeltaNet + full attention, optionally with an MTP "nextn" block) by
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter
 
-from localflash.formats.dflash_gguf import DFlash2Spec, DFlashSpec, write_dflash_gguf
+from localflash.formats.dflash_gguf import DFlash2Spec, DFlashSpec, DSparkSpec, write_dflash_gguf
 from localflash.formats.gguf_write import add_decoder_keys, add_expert_keys, add_ssm_keys, copy_tokenizer
 
 CHATML_TEMPLATE = (
@@ -199,6 +199,56 @@ def write_dflash2(path: str | Path, spec: DFlash2Spec | None = None, **kw) -> Pa
     spec = spec or DFlash2Spec(**kw)
     return write_dflash_gguf(path, spec, dflash2_tensors(spec), tokenizer_from=vocab_path(),
                              name=f"dflash2-{spec.n_embd}x{spec.n_layer}")
+
+
+def dspark_tensors(spec: DSparkSpec, n_vocab: int = 32000, agree_with: str | Path | None = None,
+                   agree: float = 3.0) -> dict[str, np.ndarray]:
+    """Random DSpark weights: the DFlash ones plus the Markov head and (``spec.confidence``) the confidence head.
+
+    ``agree_with``: a tiny target GGUF whose next token follows mostly from the current one (weak layers);
+    the Markov head is then that target's bigram, ``w2 = output``, ``w1 = agree x rms_norm(token_embd)``
+    (rank = the target's width), so the drafts are often right: a DSpark drafter that earns acceptance.
+    """
+    t = dflash_tensors(spec)
+    rand = _Weights(spec.seed + 2000, 0.0)
+    r, d = spec.markov_rank, spec.n_embd
+    if agree_with is not None:
+        embd, out = _target_matrices(agree_with)
+        r = embd.shape[1]
+        norm = embd / np.sqrt((embd.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + 1e-5)
+        t["markov_w1.weight"] = (agree * norm).astype(np.float32)
+        t["markov_w2.weight"] = out.astype(np.float32)
+    else:
+        t["markov_w1.weight"] = rand((n_vocab, r), spec.markov_scale)
+        t["markov_w2.weight"] = rand((n_vocab, r), spec.markov_scale)
+    if spec.confidence:
+        t["conf_proj.weight"] = rand((1, d + r), 1.0 / np.sqrt(d + r))
+        t["conf_proj.bias"] = np.full((1,), spec.conf_bias, np.float32)
+    return t
+
+
+def write_dspark(path: str | Path, spec: DSparkSpec | None = None, agree_with: str | Path | None = None, **kw) -> Path:
+    """Write a tiny random DSpark drafter (a ``dflash`` file with Markov and confidence heads; see :func:`dspark_tensors`)."""
+    spec = spec or DSparkSpec(**kw)
+    return write_dflash_gguf(path, spec, dspark_tensors(spec, agree_with=agree_with), tokenizer_from=vocab_path(),
+                             name=f"dspark-{spec.n_embd}x{spec.n_layer}")
+
+
+def _target_matrices(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """A tiny target's token embedding and output head, float32 ``[n_vocab, n_embd]`` (dequantized)."""
+    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf.quants import dequantize
+
+    r = GGUFReader(str(path))
+    mats = {}
+    for t in r.tensors:
+        if t.name in ("token_embd.weight", "output.weight"):
+            shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+            data = np.asarray(t.data)
+            if t.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+                data = dequantize(data, t.tensor_type)
+            mats[t.name] = data.reshape(shape).astype(np.float32)
+    return mats["token_embd.weight"], mats.get("output.weight", mats["token_embd.weight"])
 
 
 @dataclass
