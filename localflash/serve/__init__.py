@@ -97,10 +97,15 @@ def startup_screen(llm, host: str, port: int, api_key: str | None, queue: int) -
             line += f"; drafter on {where}"
         lines.append(line)
         lines += [f"  plan     {c.setting} = {c.value}: {c.reason}" for c in plan.changes]
-    slots = f"  slots    {info.slots} × {info.n_ctx} tokens (one sequence each, decoded together)"
+    if info.kv_unified:
+        slots = (f"  slots    {info.slots} sharing one KV pool of {info.n_ctx} tokens: a request may use up to {info.n_ctx} "
+                 "(prompt + reply), the slots together as many (a request that does not fit evicts idle caches or waits)")
+    else:
+        slots = f"  slots    {info.slots} × {info.n_ctx} tokens (one sequence each, decoded together; a request may use {info.n_ctx})"
     if plan is not None:
         kv = sum(d.target_kv for d in plan.devices) + plan.host.target_kv
-        slots += f"; target KV {kv / 2**20:.0f} MiB in all, {kv / 2**20 / max(1, info.slots):.0f} MiB a slot"
+        share = "" if info.kv_unified else f", {kv / 2**20 / max(1, info.slots):.0f} MiB a slot"
+        slots += f"; target KV {kv / 2**20:.0f} MiB in all{share}"
         if plan.drafter_slots:
             slots += f"\n  slots    {plan.drafter_slots_line()}"
     lines += [

@@ -40,6 +40,8 @@ class Stats:
     rollback: str = ""  # how the target cache went back: kv | snapshot (n_rs_seq) | replay (checkpoint + replay)
     snapshot_rollbacks: int = 0  # cuts served by recurrent-state snapshots
     checkpoint_restores: int = 0  # cuts served by restoring a recurrent-state checkpoint (then replay / re-prefill)
+    kv_wait: float = 0.0  # seconds the request waited for room in a unified KV pool (parallel slots)
+    kv_evicted: int = 0  # cached tokens of idle slots dropped from the unified KV pool to make room for it
     sampled_in: str = "host"  # where the target's rows were sampled: host (logits copied, localflash's Sampler) | graph (llama.cpp's chain, ids copied)
 
     def record_cycle(self, n_drafted: int, n_accepted: int, n_committed: int, depth: int | None = None, leaves: int = 1) -> None:
