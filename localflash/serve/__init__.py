@@ -112,7 +112,7 @@ def startup_screen(llm, host: str, port: int, api_key: str | None, queue: int) -
         slots,
         f"  queue    {queue} waiting at most (then 503 + Retry-After); threads {info.threads or 'auto'}",
         f"  auth     {'Bearer API key required' if api_key else 'none (--api-key KEY to require one)'}",
-        "  routes   POST /v1/chat/completions, /v1/completions; GET /v1/models, /v1/localflash/info, /health, /metrics, /slots, /docs",
+        "  routes   POST /v1/chat/completions, /v1/completions, /v1/messages (Anthropic), /v1/messages/count_tokens; GET /v1/models, /v1/localflash/info, /health, /metrics, /slots, /docs",
         f"  try      curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
         f"-d '{{\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'",
         "  Ctrl-C stops the server",
