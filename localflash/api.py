@@ -44,6 +44,9 @@ def __getattr__(name):  # SamplingParams pulls in numpy: only on first use, so i
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+SLOT_PROMPT_SIMILARITY = 0.5  # the share of a prompt a slot's cache must hold to route the request there (LLM.slot_for)
+
+
 def load(pair: str | None = None, *, draft: str = "on", **options) -> "LLM":
     """Load a pair from models.toml (``pair="demo"``) or a target file (``model=``), as the CLI does.
 
@@ -86,7 +89,8 @@ class LLMInfo:
     rollback: str  # how the target cache takes back rejected drafts: kv | snapshot | replay
     plan: Any = None  # the memory plan it loaded with (:class:`localflash.plan.fit.Plan`); None without one
     thinking: bool = False  # the chat template has a thinking switch (``thinking=`` / enable_thinking)
-    slots: int = 1  # parallel slots (requests decoded together); n_ctx is each slot's share
+    slots: int = 1  # parallel slots (requests decoded together)
+    kv_unified: bool = False  # slots share one KV pool: any request up to n_ctx; else n_ctx is each slot's share
     chat_template: str | None = None  # the target's chat template source (the server detects its tool-call format from it)
 
 
@@ -189,6 +193,7 @@ class LLM:
             thinking=self.session.can_think,
             slots=self.n_slots,
             chat_template=self.target.chat_template(),
+            kv_unified=bool(self.pool is not None and self.pool.unified),
         )
 
     def acceptance_note(self, stats) -> str:
@@ -270,14 +275,24 @@ class LLM:
 
     def slot_for(self, prompt_or_messages, free: list[int], *, system: str | None = None, raw: bool = False,
                  thinking: bool | None = None, tools: list[dict] | None = None, **_request) -> int:
-        """Of the ``free`` slots, the one whose cache shares the longest prefix with this prompt (ties: the first)."""
+        """Of the ``free`` slots, the one whose cache shares the longest prefix with this prompt (ties: the first).
+
+        A prefix shorter than :data:`SLOT_PROMPT_SIMILARITY` of the prompt does not count (llama-server's
+        ``--slot-prompt-similarity``): the request then goes to the free slot with the least worth keeping (an
+        empty one, else the least recently used), so the conversations cached in the others stay for their next turn.
+        """
         if len(free) == 1 or self.pool is None:
             return free[0]
         try:
             tokens, _ = self.session.encode(prompt_or_messages, system=system, raw=raw, thinking=thinking, tools=tools)
         except LocalflashError:
             return free[0]  # start() reports what is wrong with the request
-        return max(free, key=lambda i: (self.sessions[i].cached_prefix(tokens), -i))
+        shared = {i: self.sessions[i].cached_prefix(tokens) for i in free}
+        best = max(free, key=lambda i: (shared[i], -i))
+        if shared[best] and shared[best] >= SLOT_PROMPT_SIMILARITY * len(tokens):
+            return best
+        used_at = self.pool.kv.used_at
+        return min(free, key=lambda i: (self.sessions[i].n_cached > 0, used_at[i], i))
 
     def _session(self, slot: int | None) -> Session:
         if slot is None:

@@ -23,7 +23,12 @@ from localflash.registry.pairs import get_pair
 EXACT_MAX_ROWS = 63  # in exact mode: a verify batch of 64+ rows takes ggml's tiled flash attention, which rounds differently
 DEFAULT_CTX = 4096  # without a pair or --ctx
 TREE_MAX = 64  # drafted nodes a --tree verify may hold
-SAMPLE_IN_GRAPH = ("auto", "on", "off")  # where the target's rows are sampled (speculative/graph_sampler.py)
+SAMPLE_IN_GRAPH = ("auto", "on", "off")
+KV_POOLS = ("auto", "unified", "split")  # parallel slots' KV layout (engine.open_engine, speculative/slots.py)
+# why --exact keeps one KV stream per slot: in one pool a sequence's cells interleave with the other slots' (a cell
+# freed by a rejected draft goes to whichever sequence decodes next), and the attention sums a row's cells in cell order
+EXACT_UNIFIED = ("--exact does not combine with --kv-pool unified: in one KV pool a slot's cells interleave with the other "
+                 "slots' and the attention sums them in cell order, so a reply's rounding would depend on its neighbours")  # where the target's rows are sampled (speculative/graph_sampler.py)
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,9 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
     "kv": LoadOption(Optional[str], None, ("--kv",), "Target KV cache type: f16, q8_0, q4_0."),
     "kv_drafter": LoadOption(Optional[str], None, ("--kv-drafter",), "Drafter KV cache type: f16, q8_0, q4_0 (default: the cheaper of f16 and --kv; MTP: --kv)."),
     "exact": LoadOption(bool, False, ("--exact",), "Byte-exact greedy on CPU: speculative output == plain output at any thread count (slower verify)."),
-    "parallel": LoadOption(int, 1, (), "Parallel slots: requests decoded together, each with 1/N of the context (serve --parallel, bench --parallel)."),
+    "parallel": LoadOption(int, 1, (), "Parallel slots: requests decoded together on one context (serve --parallel, bench --parallel)."),
+    "kv_pool": LoadOption(str, "auto", ("--kv-pool",), "Parallel slots' KV cache: unified (one pool: any slot up to the whole -c, while the slots together fit), "
+                          "split (1/N of -c per slot, each laid out as a context of its own); auto: unified, split with --exact."),
     "rpc": LoadOption(Optional[str], None, ("--rpc",), "llama.cpp rpc-servers for target layers: HOST:PORT[,HOST:PORT...] (load(): a list too); trusted network only."),
     "tree": LoadOption(Optional[int], None, ("--tree",), "Verify a tree of at most N drafted tokens per target pass (0: a chain; default: a chain). Not on hybrid targets."),
     "sample_in_graph": LoadOption(str, "auto", ("--sample-in-graph",), "auto | on | off: sample the target's rows inside llama.cpp's graph, so only token ids reach the host (auto: on where the target's output layer is on a GPU; not with --tree or slots)."),
@@ -91,6 +98,11 @@ class RunConfig:
     rpc: tuple[str, ...] = ()  # rpc-server endpoints (HOST:PORT) that hold target layers
     tree: int | None = _default("tree")  # drafted nodes per tree verify (0/None: a chain); speculative/tree.py
     sample_in_graph: str = _default("sample_in_graph")  # auto | on | off: engine.sample_in_graph resolves it
+    kv_pool: str = _default("kv_pool")  # auto | unified | split: parallel slots' KV layout (see kv_unified())
+
+    def kv_unified(self) -> bool:
+        """Whether parallel slots share one KV pool (``--kv-pool``; auto: yes, but not with --exact)."""
+        return self.parallel > 1 and not self.tree and (self.kv_pool == "unified" or (self.kv_pool == "auto" and not self.exact))
 
 
 def config_from_options(**options) -> RunConfig:
@@ -177,6 +189,8 @@ def config_from(pair: str | None, target: str | None, drafter: str | None, **fla
     if cfg.sample_in_graph == "on" and (cfg.tree or cfg.parallel > 1):
         raise LocalflashError(f"--sample-in-graph on does not combine with {'--tree' if cfg.tree else 'parallel slots'}: "
                               "their rows are sampled on the host", hint="use --sample-in-graph auto or off")
+    if cfg.kv_pool not in KV_POOLS:
+        raise LocalflashError(f"unknown --kv-pool {cfg.kv_pool!r}", hint=f"use one of {', '.join(KV_POOLS)}")
     if cfg.tree is not None and not 0 <= cfg.tree <= TREE_MAX:
         raise LocalflashError(f"--tree must be in 0..{TREE_MAX} drafted nodes, got {cfg.tree}")
     if cfg.exact and cfg.tree and cfg.tree + 1 > EXACT_MAX_ROWS:
@@ -192,4 +206,6 @@ def check_parallel(cfg: RunConfig) -> RunConfig:
     if cfg.ctx < 16 * cfg.parallel:
         raise LocalflashError(f"-c/--ctx must be at least 16 per slot, got {cfg.ctx} for {cfg.parallel} slot(s)",
                               hint="raise -c/--ctx or lower --parallel")
+    if cfg.exact and cfg.kv_pool == "unified" and cfg.parallel > 1:
+        raise LocalflashError(EXACT_UNIFIED, hint="use --kv-pool split (or auto) with --exact")
     return cfg

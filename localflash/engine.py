@@ -197,7 +197,9 @@ def open_engine(cfg: RunConfig, target=None):
             n_ubatch=n_ubatch,
             n_outputs_max=max(min(n_seq * max(max_draft + 1, 1), plan.n_batch), tree + 1, MAX_LEAVES if tree else 1),  # >= n_seq_max
             n_seq_max=MAX_LEAVES if tree else n_seq,
-            kv_unified=bool(tree),  # slots: one KV stream each, cells laid out as in a context of its own; a tree: shared cells
+            # a tree: shared cells; slots: one pool (cfg.kv_unified(), any slot up to the whole context, SlotPool keeps
+            # the slots' sum within it) or one KV stream each (--kv-pool split, exact mode), laid out as in a context of its own
+            kv_unified=bool(tree) or cfg.kv_unified(),
             n_threads=cfg.threads,
             type_k=plan.type_k,
             type_v=plan.type_v,
@@ -206,7 +208,9 @@ def open_engine(cfg: RunConfig, target=None):
         ),
     )
     in_graph = sample_in_graph(cfg, ctx, target)
-    drafter_ctx = min(plan.drafter_n_ctx or plan.n_ctx, ctx.n_ctx_seq)  # no drafter file (MTP, n-gram): the target's
+    # no drafter file (MTP, n-gram): the target's; a unified pool keeps the drafters at their 1/N share (as planned):
+    # a slot's sequence past it decodes on without drafts (the drafters' ctx_limit)
+    drafter_ctx = min(plan.drafter_n_ctx or plan.n_ctx, ctx.n_ctx_seq if not ctx.kv_unified or tree else ctx.n_ctx // n_seq)
     drafter_kv = plan.drafter_type_kv or cfg.kv_drafter or plan.type_k  # the drafter's cache type as planned (MTP: --kv-drafter, else --kv)
     if n_seq > 1:  # parallel slots: a drafter per slot, driven a step at a time by one group (speculative/group.py)
         from localflash.speculative.slots import SlotPool

@@ -65,8 +65,8 @@ def _at_least_one(name: str):
 
 MAX_TOKENS = Flag(int, 256, ("--max-tokens", "-n"), "Longest reply in tokens (bench: per prompt).", _at_least_one("--max-tokens"))
 RAW = Flag(bool, False, ("--raw",), "Send the prompt as is, without the chat template.")
-PARALLEL = Flag(int, 1, ("--parallel", "-np"), "Parallel slots: N requests decoded together, each with 1/N of -c/--ctx "
-                "(serve: default 4; bench: aggregate tok/s per mode; plan: prices N sequences).", _at_least_one("--parallel"))
+PARALLEL = Flag(int, 1, ("--parallel", "-np"), "Parallel slots: N requests decoded together, sharing one KV pool of -c/--ctx "
+                "(--kv-pool split: 1/N each; serve: default 4; bench: aggregate tok/s per mode; plan: prices N sequences).", _at_least_one("--parallel"))
 SYSTEM = Flag(Optional[str], None, ("--system", "-s"), "System prompt (chat template only).")
 # the model flags: the CLI side of config.LOAD_OPTIONS (the options that have CLI names)
 LOAD_FLAGS = {name: Flag(o.type, o.default, o.flags, o.help) for name, o in LOAD_OPTIONS.items() if o.flags}

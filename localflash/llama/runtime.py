@@ -278,7 +278,7 @@ class Context(RecurrentCache, InGraphSampling):
         self.n_batch = p.n_batch
         self.n_outputs_max = o.n_outputs_max or p.n_batch
         self.mem = L.llama_get_memory(self.ptr)
-        self.n_seq_max = p.n_seq_max
+        self.n_seq_max, self.kv_unified = p.n_seq_max, bool(p.kv_unified)  # kv_unified: all sequences' cells in one pool
         self.n_ctx_seq = L.llama_n_ctx_seq(self.ptr) - (self.min_rows - 1)  # one sequence's share (all of it when unified)
         self.seq = 0  # the sequence this object's own decodes and cuts address
         self._batch = Batch(self.n_batch, n_seq_max=p.n_seq_max)

@@ -97,10 +97,15 @@ def startup_screen(llm, host: str, port: int, api_key: str | None, queue: int, s
             line += f"; drafter on {where}"
         lines.append(line)
         lines += [f"  plan     {c.setting} = {c.value}: {c.reason}" for c in plan.changes]
-    slots = f"  slots    {info.slots} × {info.n_ctx} tokens (one sequence each, decoded together)"
+    if info.kv_unified:
+        slots = (f"  slots    {info.slots} sharing one KV pool of {info.n_ctx} tokens: a request may use up to {info.n_ctx} "
+                 "(prompt + reply), the slots together as many (a request that does not fit evicts idle caches or waits)")
+    else:
+        slots = f"  slots    {info.slots} × {info.n_ctx} tokens (one sequence each, decoded together; a request may use {info.n_ctx})"
     if plan is not None:
         kv = sum(d.target_kv for d in plan.devices) + plan.host.target_kv
-        slots += f"; target KV {kv / 2**20:.0f} MiB in all, {kv / 2**20 / max(1, info.slots):.0f} MiB a slot"
+        share = "" if info.kv_unified else f", {kv / 2**20 / max(1, info.slots):.0f} MiB a slot"
+        slots += f"; target KV {kv / 2**20:.0f} MiB in all{share}"
         if plan.drafter_slots:
             slots += f"\n  slots    {plan.drafter_slots_line()}"
     lines += [
@@ -110,7 +115,7 @@ def startup_screen(llm, host: str, port: int, api_key: str | None, queue: int, s
            + ("" if style.options.thinking is None else f", {'on' if style.options.thinking else 'off'} by default")] if style else []),
         f"  queue    {queue} waiting at most (then 503 + Retry-After); threads {info.threads or 'auto'}",
         f"  auth     {'Bearer API key required' if api_key else 'none (--api-key KEY to require one)'}",
-        "  routes   POST /v1/chat/completions, /v1/completions; GET /v1/models, /v1/localflash/info, /health, /metrics, /slots, /docs",
+        "  routes   POST /v1/chat/completions, /v1/completions, /v1/messages (Anthropic), /v1/messages/count_tokens; GET /v1/models, /v1/localflash/info, /health, /metrics, /slots, /docs",
         f"  try      curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
         f"-d '{{\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'",
         "  Ctrl-C stops the server",

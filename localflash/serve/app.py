@@ -21,6 +21,7 @@ from sse_starlette import EventSourceResponse
 from localflash import __version__
 from localflash.serve import schemas as S
 from localflash.serve.assistant import ChatStyle, ReplyOptions
+from localflash.serve.anthropic import anthropic_router
 from localflash.serve.errors import APIError, error_from, install_error_handlers
 from localflash.serve.messages import chat_request, check_common, completion_request
 from localflash.serve.metrics import Metrics
@@ -46,8 +47,9 @@ class KeyCheck:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            auth = dict(scope["headers"]).get(b"authorization", b"")
-            token = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
+            headers = dict(scope["headers"])
+            auth = headers.get(b"authorization", b"")  # or Anthropic's clients' x-api-key
+            token = auth[7:].strip() if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"").strip()
             if not hmac.compare_digest(token, self.key):
                 self.metrics.record_error(401)
                 err = APIError(401, "invalid or missing API key (send Authorization: Bearer KEY)", code="invalid_api_key")
@@ -239,6 +241,7 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
         return app.openapi_schema
 
     app.openapi = openapi
+    app.include_router(anthropic_router(llm, worker, metrics, model_id))  # Anthropic's Messages API (serve/anthropic.py)
     add_web(app, llm, worker.max_queue)  # the chat page at / and its model card
     started = int(time.time())
     return app

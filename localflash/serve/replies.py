@@ -46,6 +46,8 @@ def timings(last) -> dict:
         "tau": st.tau,
         "drafter": st.drafter,
         "sampled_in": st.sampled_in,  # host | graph: where the target's rows were sampled
+        "kv_wait_ms": 1000 * st.kv_wait,  # waited for room in the unified KV pool (parallel slots)
+        "kv_evicted": st.kv_evicted,  # idle slots' cached tokens dropped to make room for it
     }
 
 

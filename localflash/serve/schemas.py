@@ -145,6 +145,8 @@ class Timings(BaseModel):
     tau: float
     drafter: str
     sampled_in: str = "host"  # where the target's rows were sampled: host (logits copied) | graph (llama.cpp's chain, ids copied)
+    kv_wait_ms: float = 0.0  # waited for room in the unified KV pool (parallel slots)
+    kv_evicted: int = 0  # idle slots' cached tokens dropped from the pool to make room for it
 
 
 class FunctionCallOut(BaseModel):

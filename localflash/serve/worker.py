@@ -198,6 +198,10 @@ class Worker:
                 f"generated {st.generated} tok @ {st.decode_tps:.1f} tok/s")
         if st.drafter != "none":
             line += f", {st.drafter} τ {st.tau:.2f} ({st.accepted}/{st.drafted})"
+        if st.kv_wait:
+            line += f", waited {st.kv_wait:.2f} s for KV room"
+        if st.kv_evicted:
+            line += f", evicted {st.kv_evicted} idle cached tok"
         line += f", {reason}, {dt:.2f} s"
         if reason == "cancelled" and job.cancel.t_set is not None:
             after = st.cycles - job.cancel.cycles_at_set

@@ -22,12 +22,13 @@ verified exactly as in the one-stream loop (``verify_block``), and each slot's c
 cut back: first the cuts that need no decode (KV tails, recurrent snapshots, right after
 the decode that made them), then those that restore a recurrent checkpoint and replay.
 A finished or cancelled request frees its slot at the next step boundary.
+
+*Unified KV* (``--kv-pool unified``): every slot draws cells from one pool of ``n_ctx``; a request
+is admitted once its reservation fits, after dropping idle caches or waiting for room (:mod:`.kv_pool`).
 """
 
 from __future__ import annotations
 
-import copy
-import queue
 import threading
 import time
 import traceback
@@ -35,6 +36,7 @@ import traceback
 from localflash.errors import LocalflashError
 from localflash.llama.sequences import SeqView, decode_views
 from localflash.speculative.group import DrafterGroup
+from localflash.speculative.kv_pool import KvPool, SlotRequest
 from localflash.speculative.loop import Engine, check_prompt, verify_block
 from localflash.speculative.prefill import PromptFill, prefill_rows
 from localflash.speculative.grammar import finish, host_sampler, trim_draft
@@ -45,31 +47,6 @@ from localflash.speculative.step_policy import StepPolicy
 BACKLOG = 8  # emits a slot may run ahead of its reader; a cancel is seen by the pool itself before every step
 
 
-class _Request:
-    def __init__(self, prompt, max_tokens, sampling, draft_max, cancel=None, target=None):
-        self.cancel = cancel  # a threading.Event the caller may set: the request ends before the next step
-        self.prompt = prompt
-        self.max_tokens = max_tokens
-        self.sample = host_sampler(target, sampling)
-        self.draft_max = draft_max
-        self.stats = Stats()
-        self.out: queue.Queue = queue.Queue()
-        self.cancelled = False
-        self.idle = threading.Event()  # set once the pool let go of the request (its slot is consistent)
-        self.state = "waiting"  # waiting | prefill | decode
-        self.fill: PromptFill | None = None  # while prefilling: the prompt's progress
-        self.t_fill = 0.0
-        self.history: list[int] = []
-        self.last = -1
-        self.t_start = 0.0
-        self.counts0: dict = {}
-
-    def emit(self, kind: str, value=None) -> None:
-        snap = copy.copy(self.stats)  # the figures as of this emit (the pool goes on updating its own)
-        snap.accept_hist, snap.pos_tries, snap.pos_hits = list(snap.accept_hist), list(snap.pos_tries), list(snap.pos_hits)
-        self.out.put((kind, value, snap))
-
-
 class SlotEngine(Engine):
     """One slot: an Engine on its sequence of the pool's context; requests run on the pool's thread."""
 
@@ -78,12 +55,13 @@ class SlotEngine(Engine):
         self.pool = pool
         self.index = index
         self.calibrated = True  # the pool measures step costs (StepPolicy), not each slot
-        self.request: _Request | None = None
+        self.request: SlotRequest | None = None
+        self.last_reused = 0  # prompt tokens the last request took from this slot's cache
 
     def generate(self, prompt, max_tokens, sampling=None, stats=None, draft_max=None, cancel=None):
         st = stats if stats is not None else Stats()
         check_prompt(prompt, self.ctx.n_ctx, "a slot", "raise -c/--ctx, lower --parallel or shorten the prompt")
-        req = _Request(list(prompt), max_tokens, sampling, draft_max, cancel, self.target)
+        req = SlotRequest(list(prompt), max_tokens, sampling, draft_max, cancel, self.target)
         if cancel is not None and hasattr(cancel, "live"):
             cancel.live = req.stats  # the pool's own figures (the caller's copy lags by the emits not read yet)
         self.pool.submit(self, req)
@@ -131,6 +109,8 @@ class SlotPool:
         self.most_active = 0  # the most slots one step decoded together
         self._calls: list = []
         self._joining: list[SlotEngine] = []
+        self.unified = bool(getattr(ctx, "kv_unified", False)) and len(drafters) > 1
+        self.kv = KvPool(self, ctx.n_ctx, len(drafters))  # the unified pool's admission (kv_pool.py); idle with split streams
         self._cv = threading.Condition()
         self._closing = False
         self.alive = True
@@ -142,7 +122,7 @@ class SlotPool:
         return len(self.slots)
 
     # -- the callers' side (any thread) ------------------------------------------
-    def submit(self, slot: SlotEngine, req: _Request) -> None:
+    def submit(self, slot: SlotEngine, req: SlotRequest) -> None:
         with self._cv:
             if not self.alive:
                 raise LocalflashError("the slot pool is closed")
@@ -178,10 +158,13 @@ class SlotPool:
         for s in self.slots:
             req = s.request
             st = req.stats if req is not None else None
-            d = {"id": s.index, "state": "idle" if req is None else ("prefill" if req.state in ("waiting", "prefill") else "decoding"),
-                 "n_cached": len(s.tokens), "n_ctx": s.ctx.n_ctx, "drafter": s.drafter.name if s.policy.max_draft else "none"}
+            state = "idle" if req is None else ("kv_wait" if req.t_kv_wait and req.state == "waiting" else
+                                                "prefill" if req.state in ("waiting", "prefill") else "decoding")
+            d = {"id": s.index, "state": state, "n_cached": len(s.tokens), "n_ctx": s.ctx.n_ctx,
+                 "drafter": s.drafter.name if s.policy.max_draft else "none", "kv_pool": "unified" if self.unified else "split",
+                 "n_reused": s.last_reused}
             if st is not None:
-                d.update(prompt_tokens=len(req.prompt), prompt_done=req.fill.done if req.fill is not None else 0, generated=st.generated, max_tokens=req.max_tokens, tau=round(st.tau, 3),
+                d.update(kv_reserved=req.kv_need, kv_evicted=st.kv_evicted, prompt_tokens=len(req.prompt), prompt_done=req.fill.done if req.fill is not None else 0, generated=st.generated, max_tokens=req.max_tokens, tau=round(st.tau, 3),
                          drafted=st.drafted, accepted=st.accepted, t_prefill=round(st.t_prefill, 4),
                          t_decode=round(time.perf_counter() - req.t_start, 4) if req.t_start else 0.0)
             out.append(d)
@@ -200,7 +183,8 @@ class SlotPool:
         try:
             while True:
                 with self._cv:
-                    while not (self._calls or self._joining or self._ready() or self._filling() or self._closing or self._cancelled()):
+                    while not (self._calls or self._joining or self._ready() or self._filling() or self._closing or self._cancelled()
+                                 or self.kv.retry):
                         self._cv.wait()
                     if self._closing:
                         break
@@ -214,8 +198,12 @@ class SlotPool:
                 self._reap()
                 with self._cv:
                     joining, self._joining = self._joining, []
-                for slot in joining:
-                    self._guarded([slot], lambda slot=slot: self._admit(slot))
+                if self.unified:
+                    self.kv.waiting += joining
+                    self.kv.admit_waiting(self._admit, self._finish)
+                else:
+                    for slot in joining:
+                        self._guarded([slot], lambda slot=slot: self._admit(slot))
                 active, filling = self._ready(), self._filling()
                 if active or filling:
                     self._guarded(active + filling, lambda: self._step(active, filling))
@@ -264,6 +252,8 @@ class SlotPool:
                 with self._cv:
                     if s in self._joining:
                         self._joining.remove(s)
+                if s in self.kv.waiting:
+                    self.kv.waiting.remove(s)
                 self._finish(s)
 
     def _finish(self, slot: SlotEngine, error: Exception | None = None) -> None:
@@ -277,6 +267,7 @@ class SlotPool:
             st.checkpoint_restores += view.counts["restore"] - req.counts0["restore"]
         finish(req.sample, st)  # a grammar's counts and state
         slot.request = None
+        self.kv.used(slot, freed=True)
         if error is not None:
             req.emit("error", error)
         else:
@@ -316,6 +307,8 @@ class SlotPool:
         req.t_fill = time.perf_counter()
         req.counts0 = dict(slot.ctx.counts)
         req.fill = PromptFill(slot, req.prompt, st)
+        slot.last_reused = st.cached_tokens
+        self.kv.used(slot)
         req.state = "prefill"
 
     def _fill_parts(self, filling: list[SlotEngine], step_rows: int, step_outputs: int) -> list:

@@ -43,6 +43,8 @@ class Stats:
     grammar_calls: int = 0  # C calls into a request's grammar (mask, test, accept, clone): speculative/grammar.py
     grammar_rejected: int = 0  # draft tokens the grammar cut before verify
     t_grammar: float = 0.0  # host time in the grammar (masking, draft checks)
+    kv_wait: float = 0.0  # seconds the request waited for room in a unified KV pool (parallel slots)
+    kv_evicted: int = 0  # cached tokens of idle slots dropped from the unified KV pool to make room for it
     sampled_in: str = "host"  # where the target's rows were sampled: host (logits copied, localflash's Sampler) | graph (llama.cpp's chain, ids copied)
 
     def record_cycle(self, n_drafted: int, n_accepted: int, n_committed: int, depth: int | None = None, leaves: int = 1) -> None:

@@ -131,7 +131,7 @@ def test_adaptive_step_policy_stays_lossless_on_a_hybrid(files):
 
 
 def test_prompt_larger_than_a_slot_is_refused_with_the_slot_share(files):
-    opts = _options(files, "none") | {"ctx": 1024, "exact": False}
+    opts = _options(files, "none") | {"ctx": 1024, "exact": False, "kv_pool": "split"}  # a unified pool: tests/serve/test_kv_pool.py
     with load(**opts, parallel=4) as llm:
         share = llm.n_ctx
         assert share == 256  # 1024 tokens shared by 4 slots
