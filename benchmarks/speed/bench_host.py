@@ -68,24 +68,177 @@ SAMPLING = {  # name -> (temperature, top_k, top_p, min_p)
 NORM_SCALE = 12.0  # output norm weight: logit std ~4 over 248,320 tokens (peaked like a real model)
 
 
-def write_models(work: Path, blocks: list[int]) -> tuple[Path, dict[int, Path]]:
+SMALL = dict(n_vocab=8192, n_embd=512)  # --small: the same loop on tiny shapes (call counts do not depend on them)
+
+
+def write_models(work: Path, blocks: list[int], small: bool = False) -> tuple[Path, dict[int, Path]]:
     from localflash.testing.shaped import PRESETS, write_random
 
     work.mkdir(parents=True, exist_ok=True)
     pool = np.random.default_rng(1).integers(0, 256, size=64 << 20, dtype=np.uint8)
-    spec = replace(PRESETS["qwen3.6-27b"], name="qwen3.6-vocab-5layer", n_layer=5, n_ff=1024, n_nextn=0)
+    shape = SMALL if small else {}
+    tag = "-small" if small else ""
+    spec = replace(PRESETS["qwen3.6-27b"], name="qwen3.6-vocab-5layer" + tag, n_layer=5, n_ff=1024, n_nextn=0, **shape)
     tpath = work / f"{spec.name}-Q4_0.gguf"
     if not tpath.exists():
         write_random(tpath, spec, "Q4_0", pool)
         _scale_tensor(tpath, "output_norm.weight", NORM_SCALE)
     dpaths = {}
     for b in blocks:
-        dspec = replace(PRESETS["qwen3.6-27b-dflash"], name=f"qwen3.6-dflash-b{b}", n_layer=1, n_ff=1024, block_size=b,
-                        target_layers=(0, 1, 2, 3, 4), swa_window=0, swa_layers=())
+        dspec = replace(PRESETS["qwen3.6-27b-dflash"], name=f"qwen3.6-dflash-b{b}{tag}", n_layer=1, n_ff=1024, block_size=b,
+                        target_layers=(0, 1, 2, 3, 4), swa_window=0, swa_layers=(), **shape)
         dpaths[b] = work / f"{dspec.name}-Q8_0.gguf"
         if not dpaths[b].exists():
             write_random(dpaths[b], dspec, "Q8_0", pool, mask_token=spec.n_vocab - 1)
     return tpath, dpaths
+
+
+def write_dense_target(work: Path, small: bool = False) -> Path:
+    """An attention-only target of the same vocabulary and width (trees need one: not on hybrid targets)."""
+    from localflash.testing.shaped import PRESETS, write_random
+
+    pool = np.random.default_rng(2).integers(0, 256, size=64 << 20, dtype=np.uint8)
+    spec = replace(PRESETS["qwen3-32b"], name="qwen3-dense-vocab-5layer" + ("-small" if small else ""), n_layer=5, n_ff=1024,
+                   **(SMALL if small else {"n_vocab": 248320}))
+    path = work / f"{spec.name}-Q4_0.gguf"
+    if not path.exists():
+        write_random(path, spec, "Q4_0", pool)
+        _scale_tensor(path, "output_norm.weight", NORM_SCALE)
+    return path
+
+
+def plain_reference(target, prompt, n_tokens, sp, threads, in_graph=False) -> list[int]:
+    from localflash.llama import Context, ContextOptions
+    from localflash.speculative.loop import Engine
+
+    ctx = Context(target, ContextOptions(n_ctx=1024, n_batch=256, n_ubatch=256, n_outputs_max=1, n_threads=threads, n_rs_seq=1))
+    out = [t for new in Engine(target, ctx, sample_in_graph=in_graph).generate(prompt, n_tokens, sp) for t in new]
+    ctx.close()
+    return out
+
+
+def run_slots(tpath: Path, dpath: Path, block: int, n_slots: int, a, out: list) -> None:
+    """``n_slots`` parallel slots (speculative/slots.py) on one target context, DFlash drafts for all slots in one
+    decode (argmax in the graph), each slot's proposal replaced by the synthetic oracle; target rows on the host
+    (slots sample there). Host = the pool thread's CPU outside llama_decode, per step; calls: the pool thread's."""
+    import threading
+    from collections import Counter
+
+    from localflash.llama import Context, ContextOptions, Model
+    from localflash.speculative.dflash import DFlashGroup
+    from localflash.speculative.sampling import SamplingParams
+    from localflash.speculative.slots import SlotPool
+    from localflash.speculative.synthetic import SyntheticDrafter, SyntheticGroup
+
+    target = Model(tpath)
+    k = block - 1
+    rows = n_slots * block
+    ctx = Context(target, ContextOptions(n_ctx=1024 * n_slots, n_batch=max(256, rows), n_ubatch=max(256, rows), n_outputs_max=rows,
+                                         n_threads=a.threads, n_rs_seq=block, n_seq_max=n_slots, kv_unified=False))
+    inner = DFlashGroup(Model(dpath), target, ctx, 1024 + block, n_slots, n_threads=a.threads, in_graph_argmax=True)
+    group = SyntheticGroup([SyntheticDrafter(a.alpha, k, target.n_vocab, inner=d) for d in inner.drafters], inner)
+    tt, dt = bl.Timer(ctx), bl.Timer(inner.ctx)
+    pool = SlotPool(target, ctx, group.drafters, adaptive=False, draft_max=k, group=group)
+    prompt = [int(x) for x in np.random.default_rng(0).integers(300, target.n_vocab - 1, size=64)]
+    try:
+        for name in a.sampling.split(","):
+            temp, top_k, top_p, min_p = SAMPLING[name]
+            sp = SamplingParams(temp, top_k, top_p, min_p, seed=7)
+            ref = plain_reference(target, prompt, a.tokens, sp, a.threads)
+            res = {}
+            for counting in (False, True):
+                for d in group.drafters:
+                    d.set_reference(prompt + ref)
+                outs = [None] * n_slots
+
+                def go(i):
+                    outs[i] = [t for new in pool.slots[i].generate(prompt, a.tokens, sp) for t in new]
+
+                n, names = [0], Counter()
+
+                def count(frame, event, arg):
+                    if event in ("call", "c_call"):
+                        n[0] += 1
+                        if a.breakdown:
+                            names[_call_name(frame, event, arg)] += 1
+
+                threads = [threading.Thread(target=go, args=(i,)) for i in range(n_slots)]
+                for s in pool.slots:
+                    s.reset()
+                c0, s0, in0 = pool.call(time.thread_time), pool.steps, tt.cpu + dt.cpu
+                for t in threads:
+                    t.start()
+                if counting:  # from the step where every slot decodes (no prefill) to the end
+                    while not all(s.request is not None and s.request.state == "decode" for s in pool.slots):
+                        time.sleep(0.0005)
+                    untimed = [(c, c.__dict__.pop("_run")) for c in (ctx, inner.ctx)]
+                    s0 = pool.call(lambda: (sys.setprofile(count), pool.steps)[1])
+                for t in threads:
+                    t.join()
+                if counting:
+                    steps = pool.call(lambda: (sys.setprofile(None), pool.steps)[1]) - s0
+                    for c, run in untimed:
+                        c._run = run
+                    res["calls"] = n[0] / max(steps, 1)
+                    if a.breakdown:
+                        print(f"  calls per step by function ({steps} steps):")
+                        for fn, c in names.most_common(a.breakdown):
+                            print(f"    {c / steps:6.1f}  {fn}")
+                else:
+                    steps = pool.steps - s0
+                    host = pool.call(time.thread_time) - c0 - (tt.cpu + dt.cpu - in0)
+                    res.update(host_us=1e6 * host / steps, steps=steps, same=all(o == ref for o in outs))
+            row = {"block": block, "sampling": name, "variant": f"slots{n_slots}", "tokens": a.tokens, "slots": n_slots,
+                   "steps": res["steps"], "host_cpu_us_per_step": res["host_us"], "python_calls_per_step": res["calls"],
+                   "python_calls_per_step_per_slot": res["calls"] / n_slots, "same_as_plain": res["same"]}
+            out.append(row)
+            print(f"block {block:2d} {name:7s} slots{n_slots:<7d}: host {res['host_us']:7.0f} us/step CPU (prefill steps included), "
+                  f"{res['steps']} steps, {res['calls']:.1f} Python calls/step ({res['calls'] / n_slots:.1f} per slot), "
+                  f"every slot same as plain {res['same']}", flush=True)
+    finally:
+        pool.close()
+
+
+def run_tree(tpath: Path, dpath: Path, block: int, budget: int, a, out: list) -> None:
+    """One stream verifying a DDTree of ``budget`` nodes (speculative/tree.py) drafted by the random-weight DFlash
+    drafter itself (its logits read on the host: trees branch on them), on an attention-only target; τ ≈ 1."""
+    from localflash.engine import make_drafter
+    from localflash.llama import Context, ContextOptions, Model
+    from localflash.speculative.loop import Engine
+    from localflash.speculative.sampling import SamplingParams
+    from localflash.speculative.stats import Stats
+    from localflash.speculative.tree import MAX_LEAVES, TreeVerifier
+
+    target = Model(tpath)
+    k = block - 1
+    ctx = Context(target, ContextOptions(n_ctx=1024, n_batch=256, n_ubatch=256, n_outputs_max=max(budget + 1, MAX_LEAVES),
+                                         n_threads=a.threads, n_seq_max=MAX_LEAVES, kv_unified=True))
+    dflash = make_drafter("dflash", target, ctx, Model(dpath), n_ctx=1024, threads=a.threads, in_graph_argmax=False)
+    tt, dt = bl.Timer(ctx), bl.Timer(dflash.ctx)
+    eng = Engine(target, ctx, dflash, adaptive=False, draft_max=k)
+    eng.tree = TreeVerifier(budget)
+    prompt = [int(x) for x in np.random.default_rng(0).integers(300, target.n_vocab - 1, size=64)]
+    try:
+        for name in a.sampling.split(","):
+            temp, top_k, top_p, min_p = SAMPLING[name]
+            sp = SamplingParams(temp, top_k, top_p, min_p, seed=7)
+            ref = plain_reference(target, prompt, a.tokens, sp, a.threads)
+            eng.reset()
+            st = Stats()
+            gen = eng.generate(prompt, a.tokens, sp, st)
+            first = next(gen)
+            c0, in0 = time.thread_time(), tt.cpu + dt.cpu
+            toks = list(first) + [t for new in gen for t in new]
+            host = time.thread_time() - c0 - (tt.cpu + dt.cpu - in0)
+            calls = count_calls(eng, prompt, a.tokens, sp, a.breakdown, untimed=(ctx, dflash.ctx))
+            row = {"block": block, "sampling": name, "variant": f"tree{budget}", "tokens": a.tokens, "cycles": st.cycles, "tau": st.tau,
+                   "mean_tree_nodes": st.mean_tree_nodes, "host_cpu_us_per_cycle": 1e6 * host / st.cycles,
+                   "python_calls_per_cycle": calls, "same_as_plain": toks == ref}
+            out.append(row)
+            print(f"block {block:2d} {name:7s} tree{budget:<8d}: host {row['host_cpu_us_per_cycle']:7.0f} us/cycle CPU, tau {st.tau:.2f}, "
+                  f"{st.cycles} cycles, {st.mean_tree_nodes:.1f} nodes a tree, {calls:.1f} Python calls/cycle, same as plain {toks == ref}", flush=True)
+    finally:
+        eng.close()
 
 
 def _scale_tensor(path: Path, name: str, scale: float) -> None:
@@ -159,19 +312,44 @@ def kept_sizes(rows: np.ndarray, params) -> list[int]:
     return [len(kept_set(r, params)[0]) for r in rows]
 
 
-def count_calls(eng, prompt, n_tokens, sp) -> float:
-    """Python and C function calls per decode cycle (sys.setprofile's call and c_call events), prefill excluded."""
+def count_calls(eng, prompt, n_tokens, sp, breakdown: int = 0, untimed: tuple = ()) -> float:
+    """Python and C function calls per decode cycle (sys.setprofile's call and c_call events), prefill excluded.
+
+    ctypes calls into llama.cpp raise no such event (they are not Python calls). ``untimed``: contexts whose
+    :class:`~localflash.bench.rig.Timer` is taken off for the count (its wrapper is the benchmark's, not the
+    loop's: five calls a decode). ``breakdown``: also print the functions called most often, per cycle."""
+    from collections import Counter
+
     from localflash.speculative.stats import Stats
 
+    timers = [(c, c.__dict__.pop("_run")) for c in untimed if "_run" in c.__dict__]
+    try:
+        return _count(eng, prompt, n_tokens, sp, breakdown, Counter, Stats)
+    finally:
+        for c, run in timers:
+            c._run = run
+
+
+def _call_name(frame, event, arg) -> str:
+    """A Python function by its name and file; a builtin by its name and its caller's."""
+    if event == "call":
+        return f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name})"
+    return f"{getattr(arg, '__qualname__', repr(arg))} <- {frame.f_code.co_name}"
+
+
+def _count(eng, prompt, n_tokens, sp, breakdown, Counter, Stats) -> float:
     eng.reset()
     st = Stats()
     gen = eng.generate(prompt, n_tokens, sp, st)
     next(gen)
     n = [0]
+    names: Counter = Counter()
 
     def count(frame, event, arg):
         if event in ("call", "c_call"):
             n[0] += 1
+            if breakdown:
+                names[_call_name(frame, event, arg)] += 1
 
     sys.setprofile(count)
     try:
@@ -179,7 +357,12 @@ def count_calls(eng, prompt, n_tokens, sp) -> float:
             pass
     finally:
         sys.setprofile(None)
-    return n[0] / max(st.cycles, 1)
+    cycles = max(st.cycles, 1)
+    if breakdown:
+        print(f"  calls per cycle by function ({cycles} cycles):")
+        for name, c in names.most_common(breakdown):
+            print(f"    {c / cycles:6.1f}  {name}")
+    return n[0] / cycles
 
 
 def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) -> None:
@@ -245,7 +428,11 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
                     runs.append(dict(cycles=st.cycles, tau=st.tau, host_cpu=cpu - inside_cpu, host_wall=wall - inside,
                                      verify=tt.seconds - t0, draft=dt.seconds - d0, same=toks == ref, hist=list(st.accept_hist)))
                 synth.set_reference(prompt + ref)
-                calls = count_calls(eng, prompt, a.tokens, sp) if a.count_calls else None
+                calls = calls_timed = None
+                if a.count_calls:
+                    calls_timed = count_calls(eng, prompt, a.tokens, sp)
+                    synth.set_reference(prompt + ref)
+                    calls = count_calls(eng, prompt, a.tokens, sp, a.breakdown, untimed=(ctx, synth.inner.ctx))
                 graph_sampler.Sampler, loop.verify_block = real
                 best = min(runs, key=lambda r: r["host_cpu"])  # interference only ever adds
                 cyc = best["cycles"]
@@ -257,7 +444,7 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
                     "host_cpu_us_runs": [1e6 * r["host_cpu"] / r["cycles"] for r in runs],
                     "share_20ms": host_us / (host_us + 20000), "share_30ms": host_us / (host_us + 30000),
                     "target_decode_ms_per_cycle": 1e3 * best["verify"] / cyc, "drafter_decode_ms_per_cycle": 1e3 * best["draft"] / cyc,
-                    "python_calls_per_cycle": calls,
+                    "python_calls_per_cycle": calls, "python_calls_per_cycle_with_timers": calls_timed,
                     "same_as_plain": all(r["same"] for r in runs), "off_track_cycles": synth.off_track, "accept_hist": best["hist"],
                 }
                 out.append(row)
@@ -265,7 +452,7 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
                       f"({row['host_wall_us_per_cycle']:.0f} wall), tau {best['tau']:.2f}, {cyc} cycles, "
                       f"{100 * row['share_20ms']:.2f}% of a 20 ms / {100 * row['share_30ms']:.2f}% of a 30 ms verify, "
                       f"target decode {row['target_decode_ms_per_cycle']:.0f} ms/cycle, drafter decode {row['drafter_decode_ms_per_cycle']:.0f} ms/cycle, same as plain {row['same_as_plain']}"
-                      + (f", {calls:.0f} Python calls/cycle" if calls is not None else ""), flush=True)
+                      + (f", {calls:.1f} Python calls/cycle ({calls_timed:.1f} with the bench's decode timers)" if calls is not None else ""), flush=True)
             if name != "greedy" and block == 16:  # rows like the loop's: how big the kept sets are
                 eng = next(iter(engines.values()))[0]
                 eng.reset()
@@ -299,16 +486,25 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-count-calls", dest="count_calls", action="store_false",
                     help="skip the extra run per setting that counts Python calls per cycle")
+    ap.add_argument("--slots", default="", help="comma list of parallel slot counts to run as well (e.g. 4,8)")
+    ap.add_argument("--tree", type=int, default=0, help="also run one stream verifying a DDTree of this many nodes (e.g. 16)")
+    ap.add_argument("--breakdown", type=int, default=0, metavar="N", help="print the N functions called most often per cycle")
+    ap.add_argument("--small", action="store_true", help="tiny shapes (vocabulary 8,192, width 512): the same calls per cycle, in seconds")
     ap.add_argument("--profile", action="store_true", help="print cProfile's top functions (thread CPU time) of each timed run")
     ap.add_argument("--profile-top", type=int, default=16)
     a = ap.parse_args(argv)
     bl.set_omp_wait("passive")
     blocks = [int(b) for b in a.blocks.split(",")]
-    tpath, dpaths = write_models(Path(a.work), blocks)
+    tpath, dpaths = write_models(Path(a.work), blocks, a.small)
     rows: list = []
     refs: dict = {}
     for b in blocks:
-        run_block(tpath, dpaths[b], b, a, rows, refs)
+        if a.variants:
+            run_block(tpath, dpaths[b], b, a, rows, refs)
+        for n in [int(x) for x in a.slots.split(",") if x]:
+            run_slots(tpath, dpaths[b], b, n, a, rows)
+        if a.tree:
+            run_tree(write_dense_target(Path(a.work), a.small), dpaths[b], b, a.tree, a, rows)
     if a.json:
         Path(a.json).write_text(json.dumps({"machine": bl.machine_info(), "rows": rows}, indent=1))
     return 0

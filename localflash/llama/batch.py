@@ -36,6 +36,7 @@ class Batch:
             self.raw.seq_id[i][0] = 0
         self._seq = np.zeros(capacity, np.int64)  # each row's (first) sequence id as set, to skip unchanged rows
         self._multi = False  # some row lists more than one sequence
+        self._uniform: int | None = 0  # every row is in this one sequence (as made), until set_seqs says otherwise
         self._steps = np.arange(capacity, dtype=np.int32)
         # ctypes views of the same arrays: a few rows are cheaper to fill through them than through NumPy
         if not embd_width:
@@ -63,6 +64,15 @@ class Batch:
         if self._multi:
             self.n_seq_id[:] = 1
             self._multi = False
+        self._uniform = None
+        ids = np.asarray(seqs) if type(seqs) is not np.ndarray else seqs
+        if ids.dtype.kind in "iu" and ids.ndim == 1:  # one sequence a row: only rows now in another are written
+            rows = self._seq[start : start + len(ids)]
+            raw = self.raw.seq_id
+            for i in (rows != ids).nonzero()[0].tolist():
+                raw[start + i][0] = int(ids[i])
+            rows[:] = ids
+            return
         for i, s in enumerate(seqs, start):
             if isinstance(s, (list, tuple)):
                 if not 1 <= len(s) <= self.n_seq_max:
@@ -76,6 +86,20 @@ class Batch:
                 self.raw.seq_id[i][0] = s
                 self._seq[i] = s
 
+    def set_seq_range(self, seq: int, start: int, n: int) -> None:
+        """Rows ``start..start+n-1`` in sequence ``seq`` alone: only rows now in another sequence are written
+        (a one-stream batch's rows are all in place already: no per-row Python)."""
+        if self._uniform == seq:
+            return
+        if self._multi:
+            self.n_seq_id[:] = 1
+            self._multi = False  # (rows that listed sequences hold -1 in _seq: rewritten below)
+        rows = self._seq[start : start + n]
+        ids = self.raw.seq_id
+        for i in ((rows != seq).nonzero()[0] + start).tolist():
+            ids[i][0] = seq
+        rows[:] = seq
+        self._uniform = None
     def reset_seqs(self, n: int) -> None:
         """Rows ``0..n-1`` back in sequence 0 (what one-sequence decodes expect)."""
         if self._multi or self._seq[:n].any():

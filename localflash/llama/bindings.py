@@ -148,6 +148,15 @@ def ext_address(name: str):
 
 
 @functools.cache
+def lib_address(name: str):
+    """llama.h's ``name`` (a float-buffer getter) bound again with an integer (``c_void_p``) result, as :func:`ext_address`."""
+    src = getattr(lib(), name)
+    fn = lib().llama_cpp._lib[name]
+    fn.argtypes, fn.restype = src.argtypes, ctypes.c_void_p
+    return fn
+
+
+@functools.cache
 def ext() -> SimpleNamespace:
     """The staging functions of ``llama-ext.h``, bound by their mangled names."""
     cdll = lib().llama_cpp._lib

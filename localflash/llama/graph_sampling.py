@@ -141,6 +141,28 @@ class InGraphSampling:
             return [self.sampled(i) for i in range(lo, hi)]  # raises the clear error
         return toks
 
+    def verify_sampled(self, draft: list[int], eog) -> list[int]:
+        """The verify step on the in-graph ids: rows 0.. read until the first that differs from ``draft`` (or is in
+        the set ``eog``); returns the committed tokens (accepted drafts + the target's own) and accepts them into the
+        chain. No draft: the last real row. Each row read is one ctypes call and no Python call."""
+        get, ptr = lib().llama_get_sampled_token_ith, self.ptr
+        n = len(draft)
+        if not n:
+            tok = get(ptr, self._last_row)
+            i = 0
+        else:
+            i = 0
+            while True:
+                tok = get(ptr, i)
+                if i == n or tok != draft[i] or tok in eog:
+                    break
+                i += 1
+        if tok == LLAMA_TOKEN_NULL:
+            self.sampled(i if n else -1)  # raises the clear error
+        new = draft[:i] + [tok]
+        self.accept_sampled(new)
+        return new
+
     def accept_sampled(self, tokens) -> None:
         """Commit ``tokens`` to the chain: its generator advances one draw per token (see the module docstring)."""
         if self._chains and self._graph_key != ("greedy",):

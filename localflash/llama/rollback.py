@@ -109,18 +109,20 @@ class RecurrentCache:
             return True
         return not self._rolled and self._last_start < p0 and self.end - p0 <= self.n_rs_seq
 
-    def seq_rm(self, p0: int, p1: int = -1) -> None:
+    def seq_rm(self, p0: int, p1: int = -1, checked: bool = False) -> None:
         """Remove positions ``p0..`` from the cache; raise rather than make a wrong state.
 
         Only tail cuts exist here (``p1`` must be -1). A cut that :meth:`rollback_ok`
-        refuses raises :class:`RollbackError`; callers that can recover use :meth:`rewind`.
+        refuses raises :class:`RollbackError`; callers that can recover use :meth:`rewind`
+        (``checked``: the caller has just asked :meth:`rollback_ok`).
         """
         if p1 != -1:
             raise ValueError("only tail cuts (p1 = -1) are supported")
-        p0 = max(p0, 0)
+        if p0 < 0:
+            p0 = 0
         if p0 >= self.end and self.recurrent:  # attention caches are always asked: a drafter may fill them
             return  # through its own batches (EAGLE-3), which ``end`` does not see
-        if not self.rollback_ok(p0):
+        if self.recurrent and not checked and not self.rollback_ok(p0):  # (an attention cache can drop any tail)
             raise RollbackError(
                 f"{self.model.path.name}: cutting the cache back to position {p0} would restore a stale recurrent state "
                 f"(the last decode wrote {self._last_start}..{self.end - 1}; snapshots: {self.n_rs_seq})",
@@ -134,8 +136,12 @@ class RecurrentCache:
         if self.recurrent and p0 > 0:
             self._rolled = True
             self.counts["snapshot"] += 1
-        self.end, self._last_start = min(self.end, p0), min(self._last_start, p0)
-        self._drop_checkpoints_after(p0)
+        if p0 < self.end:
+            self.end = p0
+        if p0 < self._last_start:
+            self._last_start = p0
+        if (self._checkpoints and self._checkpoints[-1].n > p0) or (self._scratch is not None and self._scratch.n > p0):
+            self._drop_checkpoints_after(p0)
 
     def seq_copy(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Put the cells of sequence ``src`` at positions ``p0..p1-1`` (-1: open) in sequence ``dst`` too.
@@ -167,8 +173,8 @@ class RecurrentCache:
         if p0 >= self.end:
             return self.end
         if self.rollback_ok(p0):
-            self.seq_rm(p0)
-            return max(p0, 0)
+            self.seq_rm(p0, -1, True)
+            return p0 if p0 > 0 else 0
         candidates = [c for c in self._checkpoints + [self._scratch] if c is not None and c.n <= p0]
         if not candidates:
             self.seq_rm(0)
@@ -217,6 +223,7 @@ class RecurrentCache:
         self._drop_checkpoints_after(cp.n)
 
     def _drop_checkpoints_after(self, n: int) -> None:
-        self._checkpoints = [c for c in self._checkpoints if c.n <= n]
+        if self._checkpoints and self._checkpoints[-1].n > n:  # kept in position order: each is taken at the end
+            self._checkpoints = [c for c in self._checkpoints if c.n <= n]
         if self._scratch is not None and self._scratch.n > n:
             self._scratch = None

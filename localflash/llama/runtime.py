@@ -172,6 +172,16 @@ class Model:
             self._eog[token] = bool(lib().llama_vocab_is_eog(self.vocab, token))
         return self._eog[token]
 
+    @property
+    def eog_ids(self) -> frozenset:
+        """Every end-of-generation token id, found once by asking llama.cpp about each token (a set test per
+        sampled row is then no call at all: the in-graph verify step reads a cycle's rows with none)."""
+        ids = self.__dict__.get("_eog_ids")
+        if ids is None:
+            is_eog, vocab = lib().llama_vocab_is_eog, self.vocab
+            ids = self._eog_ids = frozenset(t for t in range(self.n_vocab) if is_eog(vocab, t))
+        return ids
+
     def token_text(self, token: int) -> str:
         t = lib().llama_vocab_get_text(self.vocab, token)
         return t.decode("utf-8", errors="replace") if t else ""
@@ -287,6 +297,8 @@ class Context(RecurrentCache, InGraphSampling):
         self._last_row = -1
         self.n_last = 0  # tokens in the last token decode (rows of layer inputs)
         self.n_decodes = 0  # llama_decode calls so far (what batching across sequences saves is counted by it)
+        self._tap_views: dict = {}  # (layer-input addresses, rows) -> their views (layer_inputs, read every cycle)
+        self._llama_decode = lib().llama_decode
         self._init_rollback(getattr(o, "mtp", False), p.n_ubatch)
 
     # -- decoding -----------------------------------------------------------
@@ -313,7 +325,7 @@ class Context(RecurrentCache, InGraphSampling):
             b.logits[n : n + pad] = int(outputs != "none")
         b.raw.n_tokens = n + pad
         self._run(b.raw, n + pad)
-        self._decoded(start_pos, n + pad)
+        self._last_start, self.end, self._rolled = start_pos, start_pos + n + pad, False  # (RecurrentCache._decoded)
         if pad:
             self.seq_rm(start_pos + n)
         self._last_row = n - 1 if pad else -1  # logits(-1): the last real row, not a padding row
@@ -353,47 +365,50 @@ class Context(RecurrentCache, InGraphSampling):
         """Decode float input rows (e.g. DFlash target features), no outputs: ``parts`` is one ``[n, width]``
         array or a list of ``[>= n, w_i]`` arrays whose first ``n`` rows, side by side, are the rows
         (written straight into the batch: no joined copy)."""
-        parts = [parts] if isinstance(parts, np.ndarray) else list(parts)
+        if type(parts) is not list:
+            parts = [parts] if isinstance(parts, np.ndarray) else list(parts)
         n = parts[0].shape[0] if n is None else n
         self.decode_embd_rows([(parts, start_pos, n, self.seq)])
         last = (n - 1) // self.n_batch * self.n_batch  # the last decode's first row
-        self._decoded(start_pos + last, n - last)
+        self._last_start, self.end, self._rolled = start_pos + last, start_pos + n, False  # (RecurrentCache._decoded)
 
     def decode_embd_rows(self, items) -> None:
         """Float input rows of several sequences, no outputs: ``items`` of ``(parts, start_pos, n, seq)`` as :meth:`decode_embd`'s,
         in one decode per ``n_batch`` rows (every slot's features at once); the caller (a view per sequence) keeps rollback state."""
         if not (items := [it for it in items if it[2] > 0]):
             return
-        width = sum(p.shape[1] for p in items[0][0])
-        if self._embd_batch is None or self._embd_batch.width != width:
-            if self._embd_batch is not None:
-                self._embd_batch.close()
-            self._embd_batch = Batch(self.n_batch, width, n_seq_max=self.n_seq_max)
+        width = 0
+        for p in items[0][0]:
+            width += p.shape[1]
         b = self._embd_batch
-        row, seqs = 0, []
-        for j, (parts, start_pos, n, seq) in enumerate(items):
+        if b is None or b.width != width:
+            if b is not None:
+                b.close()
+            b = self._embd_batch = Batch(self.n_batch, width, n_seq_max=self.n_seq_max)
+        row, last, cap = 0, items[-1], self.n_batch
+        for item in items:
+            parts, start_pos, n, seq = item
             off = 0
             while off < n:
-                m = min(n - off, self.n_batch - row)
+                m = n - off if n - off < cap - row else cap - row
                 col = 0
                 for p in parts:
                     w = p.shape[1]
                     b.embd[row : row + m, col : col + w] = p[off : off + m]
                     col += w
                 np.add(b._steps[:m], start_pos + off, out=b.pos[row : row + m])
-                seqs += [seq] * m
+                b.set_seq_range(seq, row, m)  # rows already in ``seq`` cost nothing (one stream: every cycle)
                 row, off = row + m, off + m
-                if row == self.n_batch or (off == n and j == len(items) - 1):
-                    b.set_seqs(seqs)
+                if row == cap or (off == n and item is last):
                     b.logits[:row] = 0
                     b.raw.n_tokens = row
                     self._run(b.raw, row)
-                    row, seqs = 0, []
+                    row = 0
         self._n_out = 0
 
     def _run(self, raw, n: int) -> None:
         self.n_decodes += 1
-        rc = lib().llama_decode(self.ptr, raw)
+        rc = self._llama_decode(self.ptr, raw)
         if rc != 0:
             if rc == 1:
                 raise LocalflashError(
@@ -440,13 +455,18 @@ class Context(RecurrentCache, InGraphSampling):
 
     def layer_inputs(self, layer_ids, n_rows: int) -> list[np.ndarray]:
         """:meth:`layer_input` of each of ``layer_ids`` (one binding, cached views: read every cycle)."""
-        get, shape = ext_address("llama_get_embeddings_layer_inp"), (n_rows, self.model.n_embd)
-        out = []
-        for lid in layer_ids:
-            address = get(self.ptr, lid)
-            if not address:
-                raise LocalflashError(f"layer {lid} inputs were not captured", hint="call capture_layer_inputs first")
-            out.append(address_view(address, shape))
+        get, ptr = ext_address("llama_get_embeddings_layer_inp"), self.ptr
+        addresses = tuple([get(ptr, lid) for lid in layer_ids])
+        key = (addresses, n_rows)
+        out = self._tap_views.get(key)
+        if out is None:  # new buffers (llama.cpp grew them) or another row count: views made once
+            shape = (n_rows, self.model.n_embd)
+            for lid, address in zip(layer_ids, addresses):
+                if not address:
+                    raise LocalflashError(f"layer {lid} inputs were not captured", hint="call capture_layer_inputs first")
+            if len(self._tap_views) >= 64:
+                self._tap_views.clear()
+            out = self._tap_views[key] = [address_view(a, shape) for a in addresses]
         return out
 
     # -- nextn outputs (DFlash2 selector lattice, EAGLE-3 hidden states) ---

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from localflash.errors import LocalflashError
-from localflash.llama.bindings import ext, lib
-from localflash.llama.views import float_view
+from localflash.llama.bindings import ext, lib, lib_address
+from localflash.llama.views import address_view, float_view
 from localflash.llama.rollback import RecurrentCache
 
 
@@ -87,25 +87,23 @@ class SeqView(RecurrentCache):
     def logits(self, row: int = -1) -> np.ndarray:
         """Logits of this view's output row ``row`` (-1: its last row) of the last decode."""
         i = self._last_row if row == -1 else self._row0 + row
-        ptr = lib().llama_get_logits_ith(self.ptr, i)
-        if not ptr:
+        address = lib_address("llama_get_logits_ith")(self.ptr, i)
+        if not address:
             raise LocalflashError("no logits for that row")
-        return float_view(ptr, (self.model.n_vocab,))
+        return address_view(address, (self.model.n_vocab,))
 
     def all_logits(self) -> np.ndarray:
-        full = lib().llama_get_logits(self.ptr)
-        rows = float_view(full, (self._out0 + self._n_out, self.model.n_vocab))
-        return rows[self._out0 :]
+        full = lib_address("llama_get_logits")(self.ptr)
+        return address_view(full, (self._out0 + self._n_out, self.model.n_vocab))[self._out0 :]
 
     def layer_input(self, lid: int, n_rows: int) -> np.ndarray:
-        ptr = ext().llama_get_embeddings_layer_inp(self.ptr, lid)
-        if not ptr:
-            raise LocalflashError(f"layer {lid} inputs were not captured", hint="call capture_layer_inputs first")
-        return float_view(ptr, (self._row0 + n_rows, self.model.n_embd))[self._row0 :]
+        return self.base.layer_inputs((lid,), self._row0 + n_rows)[0][self._row0 :]
 
     def layer_inputs(self, layer_ids, n_rows: int) -> list[np.ndarray]:
-        """:meth:`layer_input` of each of ``layer_ids`` (what a DFlash drafter injects per cycle)."""
-        return [self.layer_input(lid, n_rows) for lid in layer_ids]
+        """:meth:`layer_input` of each of ``layer_ids`` (what a DFlash drafter injects per cycle): the base
+        context's cached views of the whole batch, sliced to this view's rows."""
+        r0 = self._row0
+        return [v[r0:] for v in self.base.layer_inputs(layer_ids, r0 + n_rows)]
 
     def nextn_rows(self, n_rows: int) -> np.ndarray:
         """Unmasked nextn hidden states of this view's rows of the last decode."""

@@ -54,15 +54,17 @@ class CostTable:
     sizes: list[int] = field(default_factory=list)  # the measured sizes, ascending (kept by add)
 
     def add(self, size: int, seconds: float) -> None:
-        old = self.ema.get(size)
-        if old is None:
+        ema = self.ema
+        if size in ema:
+            old = ema[size]
+            ema[size] = old + self.alpha * (seconds - old)
+        else:
             insort(self.sizes, size)
-        self.ema[size] = seconds if old is None else old + self.alpha * (seconds - old)
+            ema[size] = seconds
 
     def __call__(self, size: int) -> float | None:
-        got = self.ema.get(size)
-        if got is not None:
-            return got
+        if size in self.ema:
+            return self.ema[size]
         if not self.ema:
             return None
         if len(self.sizes) != len(self.ema):  # ema filled directly (tests, copies): re-sort once
@@ -123,8 +125,9 @@ class DraftPolicy:
 
     def choose(self, limit: int) -> int:
         """Draft length for the next cycle, at most ``limit`` (context or token budget)."""
-        top = max(0, min(self.max_draft, limit))
-        if not self.adaptive or top == 0:
+        top = self.max_draft if self.max_draft < limit else limit
+        if top <= 0 or not self.adaptive:
+            top = top if top > 0 else 0
             self.last_choice = top
             return top
         best, best_score, expected, run, floor = 0, -1.0, 1.0, 1.0, 0.0
@@ -188,6 +191,6 @@ class DraftPolicy:
         self.verify.add(n_drafted + 1, t_verify)
         if n_drafted:
             self.draft.add(n_drafted if self.draft_cost_grows else 1, t_draft)
-        for j in range(min(n_accepted + 1, n_drafted)):
+        for j in range(n_accepted + 1 if n_accepted < n_drafted else n_drafted):
             self.tries[j] = self.tries[j] * DECAY + 1.0
             self.hits[j] = self.hits[j] * DECAY + (1.0 if j < n_accepted else 0.0)

@@ -185,11 +185,13 @@ class DFlashDrafter(Drafter):
     def intake(self, target_ctx, start_pos: int, n_committed: int) -> list[tuple[list, int, int]]:
         """What goes into the drafter's cache now of the rows committed at ``start_pos..``, as ``(arrays, start, n)``
         decodes in order (the held rows first); what does not is held (copied) until :meth:`release`."""
-        if not self.takes(start_pos, n_committed):
+        # rows go in only right after the injected ones and within the drafter's context: past it (or after a gap)
+        # they do not, so it drafts no more from there
+        if start_pos != self.n_injected or start_pos + n_committed > self.ctx_limit:
             return []
         asked, self.asked = self.asked, False
         if asked or self.n_held + n_committed > HOLD_ROWS:
-            out = self.release() + [(self.features(target_ctx), start_pos, n_committed)]
+            out = (self.release() if self.n_held else []) + [(self.features(target_ctx), start_pos, n_committed)]
         else:
             out = []
             self.hold(self.features(target_ctx), n_committed)
@@ -217,23 +219,21 @@ class DFlashDrafter(Drafter):
         for parts, start, n in self.release():
             self.ctx.decode_embd(parts, start, n)
 
-    def takes(self, start_pos: int, n_committed: int) -> bool:
-        """Whether rows committed at ``start_pos..`` go in; past the drafter's context (or after a gap) they do not,
-        so it drafts no more from there."""
-        return start_pos == self.n_injected and start_pos + n_committed <= self.ctx_limit
-
     def features(self, target_ctx) -> list[np.ndarray]:
         """Each tapped layer's rows of the target's last decode: they go straight into the drafter's batch, side by side."""
         return target_ctx.layer_inputs(self.layer_ids, target_ctx.n_last)
 
     def propose(self, history: list[int], n_past: int, k: int) -> list[int]:
-        k = min(k, self.max_draft)
+        if k > self.max_draft:
+            k = self.max_draft
         if k <= 0 or self.n_injected != n_past:
             return []
-        self.catch_up()
+        if self.n_held:
+            self.catch_up()
         self.asked = True
         # always draft the full block: the drafter was trained on it and its cost barely depends on k
-        self.ctx.decode(self.block(history), n_past, self.outputs)
+        # (the block and outputs inline: self.block(history), self.outputs)
+        self.ctx.decode([history[-1]] + [self.mask] * self.max_draft, n_past, "none" if self.top_k else "all")
         drafts = self.read(k)
         self.ctx.seq_rm(n_past)
         return drafts
@@ -300,6 +300,8 @@ class DFlashGroup(DrafterGroup):
     block, whose rows each slot reads, after which each noise block is cut from its sequence. The
     context holds ``n_ctx`` positions per slot, ``n_seq`` slots (:func:`dflash_context`).
     """
+
+    shared_draft = True
 
     def __init__(self, model: Model, target: Model, target_ctx: Context, n_ctx: int, n_seq: int, n_threads: int = 0,
                  p_min: float = 0.0, in_graph_argmax: bool | None = None, kv: str = "f16"):

@@ -155,6 +155,8 @@ class DraftModelGroup(DrafterGroup):
     unified KV (a hybrid drafter: a recurrent state per sequence, cut back through per-sequence checkpoints).
     """
 
+    shared_draft = True
+
     def __init__(self, model: Model, target: Model, n_ctx: int, n_seq: int, max_draft: int = 8, p_min: float = 0.0,
                  n_threads: int = 0, kv: str = "f16"):
         check_same_vocab(target, model)

@@ -38,6 +38,7 @@ class GraphSampler:
             raise LocalflashError("llama.cpp could not attach the sampler chain to the target context",
                                   hint="load with --sample-in-graph off")
         self.ctx = ctx
+        self.eog = ctx.model.eog_ids  # the verify step's stop set (a set test per row, no call)
 
     def __call__(self, logits):
         raise LocalflashError("the target's rows are sampled in llama.cpp's graph: there are no logits to sample on the host")

@@ -25,6 +25,10 @@ Taken = tuple[int, object, int, int]
 class DrafterGroup:
     """The slots' drafters (``drafters[i]`` is slot i's); each phase loops over them."""
 
+    # whether one drafter decode carries every drafting slot (a shared drafter context): a step's draft then costs
+    # what the group's decodes cost, whichever slots draft, not the sum of each slot's share (step_policy.py)
+    shared_draft = False
+
     def __init__(self, drafters: list):
         self.drafters = list(drafters)
 
@@ -49,6 +53,7 @@ class LookupFirstGroup(DrafterGroup):
     def __init__(self, drafters: list, inner: DrafterGroup):
         super().__init__(drafters)
         self.inner = inner
+        self.shared_draft = inner.shared_draft
 
     def propose(self, asks: list[Ask]) -> list[list[int]]:
         out: list[list[int]] = []

@@ -15,7 +15,6 @@ it (the routing: ``LLM.slot_for``).
 
 from __future__ import annotations
 
-import copy
 import queue
 import threading
 import time
@@ -136,6 +135,4 @@ class SlotRequest:
         self.t_kv_wait = 0.0  # when it began to wait for room (0: it did not)
 
     def emit(self, kind: str, value=None) -> None:
-        snap = copy.copy(self.stats)  # the figures as of this emit (the pool goes on updating its own)
-        snap.accept_hist, snap.pos_tries, snap.pos_hits = list(snap.accept_hist), list(snap.pos_tries), list(snap.pos_hits)
-        self.out.put((kind, value, snap))
+        self.out.put((kind, value, self.stats.snapshot()))  # the figures as of this emit (the pool goes on updating its own)

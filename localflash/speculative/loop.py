@@ -120,22 +120,23 @@ class Engine:
         """Draft up to ``k`` tokens, verify ``[last] + draft`` in one pass, commit; (new tokens, t_draft, t_verify)."""
         td = self.clock()
         draft = trim_draft(sample, self.drafter.propose(history, n_past, k) if k else [])  # cut at a grammar's first reject
-        t_draft = self.clock() - td
-        tv = self.clock()
-        if draft and self.ctx.recurrent and len(draft) > self.ctx.n_rs_seq:
+        tv = self.clock()  # one clock reading ends a phase and starts the next
+        t_draft = tv - td
+        n_draft = len(draft)
+        if n_draft and self.ctx.recurrent and n_draft > self.ctx.n_rs_seq:
             self.ctx.checkpoint(transient=True)  # no snapshot reaches back (qwen3next): restore + replay on a miss
         self.ctx.decode([last] + draft, n_past, "all" if draft else "last")
         new = verify_block(self.ctx, draft, sample, self.target.is_eog)
         m = len(new) - 1  # drafts accepted
         self.tokens += [last] + draft[:m]
-        if m < len(draft):
-            self._cut(len(self.tokens))
-        t_verify = self.clock() - tv
+        if m < n_draft:
+            self._cut(n_past + 1 + m)
         td2 = self.clock()
+        t_verify = td2 - tv
         self.drafter.on_target_decode(self.ctx, n_past, m + 1)
         t_draft += self.clock() - td2
-        self.policy.record(len(draft), m, t_verify, t_draft)
-        st.record_cycle(len(draft), m, len(new))
+        self.policy.record(n_draft, m, t_verify, t_draft)
+        st.record_cycle(n_draft, m, m + 1)
         return new, t_draft, t_verify
 
     def _prefill(self, prompt: list[int], st: Stats):
@@ -203,12 +204,15 @@ def verify_block(ctx: Context, draft: list[int], sample, is_eog) -> list[int]:
     graph, and the committed ones are accepted into it (its stream's next draws).
     """
     graph = isinstance(sample, GraphSampler)
+    if graph and is_eog == ctx.model.is_eog:  # the ids alone: no Python call per row (graph_sampling.py)
+        return ctx.verify_sampled(draft, sample.eog)
     rows = None if graph else ctx.all_logits() if draft else [ctx.logits(-1)]  # views: no row is copied
     new = []
-    for i in range(len(draft) + 1):  # row by row, stopping at the first mismatch: only τ rows are read
+    n = len(draft)
+    for i in range(n + 1):  # row by row, stopping at the first mismatch: only τ rows are read
         tok = (ctx.sampled(i) if draft else ctx.sampled(-1)) if graph else sample(rows[i])
         new.append(tok)
-        if i == len(draft) or tok != draft[i] or is_eog(tok):
+        if i == n or tok != draft[i] or is_eog(tok):
             break
     if graph:
         ctx.accept_sampled(new)

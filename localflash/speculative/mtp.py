@@ -165,6 +165,8 @@ class MtpGroup(DrafterGroup):
     """Every slot's MTP drafter on sequence i of one shared MTP context: one intake decode per step for all slots,
     and one decode per draft position carrying a row of every slot still drafting."""
 
+    shared_draft = True
+
     def __init__(self, target: Model, target_ctx: Context, n_ctx: int, n_seq: int, max_draft: int = 3, p_min: float = 0.0,
                  n_threads: int = 0, kv: str = "f16"):
         self.ctx = mtp_context(target, target_ctx, n_ctx, n_threads, kv, n_seq)

@@ -312,7 +312,7 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray) -> int:
         if self.params.greedy:
-            return int(np.argmax(logits))
+            return int(logits.argmax())
         p = self.params
         u = self.rng.random()  # one draw per sampled position, always
         top_k_off = not (0 < p.top_k < logits.shape[0])

@@ -90,7 +90,12 @@ class SlotEngine(Engine):
 
 
 class SlotPool:
-    """N slots on one target context; see the module docstring."""
+    """N slots on one target context; see the module docstring.
+
+    ``clock``: where the step costs the policy weighs come from (tests inject a cost model), as ``Engine.clock``.
+    """
+
+    clock = staticmethod(time.perf_counter)
 
     def __init__(self, target, ctx, drafters: list, adaptive: bool = True, draft_max: int | None = None,
                  max_rows: int | None = None, n_ubatch: int = 512, group: DrafterGroup | None = None, exact: bool = False):
@@ -102,7 +107,8 @@ class SlotPool:
         self.slots = [SlotEngine(self, i, target, SeqView(ctx, i, n_ubatch), d, adaptive, draft_max) for i, d in enumerate(drafters)]
         top = self.slots[0].policy.max_draft
         rows = min(ctx.n_batch, ctx.n_outputs_max, max_rows or ctx.n_batch)
-        self.policy = StepPolicy(top, adaptive, rows)
+        self.policy = StepPolicy(top, adaptive, rows, shared_draft=self.group.shared_draft,
+                                 draft_cost_grows=self.slots[0].policy.draft_cost_grows)
         self.calibrated = not (adaptive and top)
         self.steps = 0
         self.rows_decoded = 0
@@ -166,7 +172,7 @@ class SlotPool:
             if st is not None:
                 d.update(kv_reserved=req.kv_need, kv_evicted=st.kv_evicted, prompt_tokens=len(req.prompt), prompt_done=req.fill.done if req.fill is not None else 0, generated=st.generated, max_tokens=req.max_tokens, tau=round(st.tau, 3),
                          drafted=st.drafted, accepted=st.accepted, t_prefill=round(st.t_prefill, 4),
-                         t_decode=round(time.perf_counter() - req.t_start, 4) if req.t_start else 0.0)
+                         t_decode=round(self.clock() - req.t_start, 4) if req.t_start else 0.0)
             out.append(d)
         return out
 
@@ -220,7 +226,7 @@ class SlotPool:
 
     def _ready(self) -> list[SlotEngine]:
         """Decoding slots whose caller is at most BACKLOG emits behind (a slow reader holds back only its own slot)."""
-        return [s for s in self.slots if s.request is not None and s.request.state == "decode" and s.request.out.qsize() < BACKLOG]
+        return [s for s in self.slots if s.request is not None and s.request.state == "decode" and len(s.request.out.queue) < BACKLOG]
 
     def _filling(self) -> list[SlotEngine]:
         """Slots whose request's prompt is going in (a chunk in each step)."""
@@ -260,7 +266,7 @@ class SlotPool:
         req = slot.request
         st = req.stats
         if req.t_start:
-            st.t_decode = time.perf_counter() - req.t_start
+            st.t_decode = self.clock() - req.t_start
             view = slot.ctx
             st.rollback = view.rollback_path
             st.snapshot_rollbacks += view.counts["snapshot"] - req.counts0["snapshot"]
@@ -285,10 +291,10 @@ class SlotPool:
         for size in sizes:
             best = float("inf")
             for _ in range(2):
-                t = time.perf_counter()
+                t = self.clock()
                 view.decode([self.target.bos] * size, 0, "all")
                 view.logits(0)
-                best = min(best, time.perf_counter() - t)
+                best = min(best, self.clock() - t)
                 view.clear()
             self.policy.record(size, best)
         self.calibrated = True
@@ -300,11 +306,11 @@ class SlotPool:
             return
         st = req.stats
         if not self.calibrated:
-            t_cal = time.perf_counter()
+            t_cal = self.clock()
             self._calibrate(slot)
-            st.t_calibrate = time.perf_counter() - t_cal  # the pool's one-off cost, paid by the request that met it
+            st.t_calibrate = self.clock() - t_cal  # the pool's one-off cost, paid by the request that met it
         st.drafter = slot.drafter.name if slot.policy.max_draft else "none"
-        req.t_fill = time.perf_counter()
+        req.t_fill = self.clock()
         req.counts0 = dict(slot.ctx.counts)
         req.fill = PromptFill(slot, req.prompt, st)
         slot.last_reused = st.cached_tokens
@@ -374,11 +380,11 @@ class SlotPool:
         last = req.sample(slot.ctx.logits(-1))
         slot.drafter.on_prompt(req.prompt)
         req.fill = None
-        st.t_prefill = time.perf_counter() - req.t_fill
+        st.t_prefill = self.clock() - req.t_fill
         st.prompt_tokens = len(req.prompt)
         req.history = req.prompt + [last]
         req.last = last
-        req.t_start = time.perf_counter()
+        req.t_start = self.clock()
         if self.target.is_eog(last):
             st.stop = "eog"
             self._finish(slot)
@@ -415,16 +421,18 @@ class SlotPool:
             for j, p in enumerate(plans):
                 p[2] = p[2] if j == self.policy.probe_slot else 0
         asking = [p for p in plans if min(k, p[2])]
+        t_group = 0.0  # the drafter group's time in this step (its drafts and its intake of what they committed)
         if asking:  # every drafting slot's draft from one group call (DFlash: one decode), its time shared out
-            td = time.perf_counter()
+            td = self.clock()
             drafts = self.group.propose([(p[0].index, p[0].request.history, p[1], min(k, p[2])) for p in asking])
-            share = (time.perf_counter() - td) / len(asking)
+            t_group = self.clock() - td
+            share = t_group / len(asking)
             for p, draft in zip(asking, drafts):
                 p[3], p[4] = trim_draft(p[0].request.sample, draft), share  # cut at a grammar's first reject
         for s, _n_past, _limit, draft, _td in plans:
             if draft and s.ctx.recurrent and len(draft) > s.ctx.n_rs_seq:
                 s.ctx.checkpoint(transient=True)  # no snapshot reaches back (qwen3next): restore + replay on a miss
-        tv = time.perf_counter()
+        tv = self.clock()
         prompt_rows = self._decode_with_fills([(p[0].ctx, [p[0].request.last] + p[3], p[1], bool(p[3])) for p in plans], filling)
         rows = sum(1 + len(p[3]) for p in plans)
         verified = []
@@ -433,7 +441,7 @@ class SlotPool:
             m = len(new) - 1
             s.tokens += [s.request.last] + draft[:m]
             verified.append(new)
-        t_decode = time.perf_counter() - tv
+        t_decode = self.clock() - tv
         if not prompt_rows:  # the step costs by rows are of steps alone
             self.policy.record(rows, t_decode)
         self.steps += 1
@@ -448,16 +456,20 @@ class SlotPool:
         for batch in [quick] + [[i] for i in replay]:
             for i in batch:
                 s, draft, m = plans[i][0], plans[i][3], len(verified[i]) - 1
-                t0 = time.perf_counter()
                 if m < len(draft):
+                    t0 = self.clock()
                     s._cut(len(s.tokens))
-                t_cut[i] = time.perf_counter() - t0
+                    t_cut[i] = self.clock() - t0
             if batch:
-                td = time.perf_counter()
+                td = self.clock()
                 self.group.on_target_decode([(plans[i][0].index, plans[i][0].ctx, plans[i][1], len(verified[i])) for i in batch])
-                share = (time.perf_counter() - td) / len(batch)
+                t_in = self.clock() - td
+                t_group += t_in
+                share = t_in / len(batch)
                 for i in batch:
                     plans[i][4] += share
+        if asking:  # a shared drafter's decodes carry every drafting slot: the step waits for them whole (step_policy.py)
+            self.policy.record_draft(max(min(k, p[2]) for p in asking), t_group)
         for i, (s, _n_past, _limit, draft, t_draft) in enumerate(plans):
             self._commit(s, draft, verified[i], t_decode + t_cut[i], t_draft)
 

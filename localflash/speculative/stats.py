@@ -60,11 +60,32 @@ class Stats:
         if leaves > 1:
             self.tree_cycles += 1
             self.tree_nodes += n_drafted
-        _bump(self.accept_hist, n_accepted)
-        for j in range(min(n_accepted + 1, n_drafted if depth is None else depth)):
-            _bump(self.pos_tries, j)
-            if j < n_accepted:
-                _bump(self.pos_hits, j)
+        hist, tries, hits = self.accept_hist, self.pos_tries, self.pos_hits
+        reached = n_drafted if depth is None else depth
+        if n_accepted + 1 < reached:
+            reached = n_accepted + 1
+        try:  # the lists grow to the longest cycle once: then no call per position
+            hist[n_accepted] += 1
+        except IndexError:
+            hist.extend([0] * (n_accepted + 1 - len(hist)))
+            hist[n_accepted] += 1
+        if len(tries) < reached:
+            tries.extend([0] * (reached - len(tries)))
+        for j in range(reached):
+            tries[j] += 1
+        hit = n_accepted if n_accepted < reached else reached
+        if hit:
+            if len(hits) < hit:
+                hits.extend([0] * (hit - len(hits)))
+            for j in range(hit):
+                hits[j] += 1
+
+    def snapshot(self) -> "Stats":
+        """A copy whose lists are its own (the figures as of now; cheaper than copy.copy: a slot emits one a step)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.accept_hist, new.pos_tries, new.pos_hits = self.accept_hist[:], self.pos_tries[:], self.pos_hits[:]
+        return new
 
     @property
     def tau(self) -> float:

@@ -18,6 +18,13 @@ draft and rows, not every slot's (a DFlash probe on 8 slots took in up to 8 x 64
 and drafted 8 blocks, ~0.1–0.2 s on this CPU, for acceptance figures of each slot), and
 probes are spaced so they cost at most PROBE_SHARE of the time off (:meth:`probe_floor`:
 on a CPU where a DFlash draft costs two target steps, every ~300 steps instead of every 16–256).
+
+A shared drafter (``shared_draft``: DFlash, a draft model, MTP on one context for all slots) drafts every
+slot in the same decodes, and the step waits for them whole: a draft model's k decodes cost the step the
+same whether one slot drafts or eight. Its draft cost is then the step's own, measured by the step's draft
+length (:meth:`record_draft`: the group's draft and intake time), not the sum of each slot's share: a share
+measured while four slots drafted together is a quarter of what the same decodes cost one slot drafting
+alone, which made drafting look cheap on the steps where fewer slots were left (and lose to plain steps).
 """
 
 from __future__ import annotations
@@ -28,11 +35,15 @@ from localflash.speculative.adapt import MARGIN, PROBE_DRAFT, PROBE_EVERY, PROBE
 class StepPolicy:
     """Chooses the step's draft length from per-slot acceptance and measured step costs."""
 
-    def __init__(self, max_draft: int, adaptive: bool = True, max_rows: int = 1 << 30):
+    def __init__(self, max_draft: int, adaptive: bool = True, max_rows: int = 1 << 30, shared_draft: bool = False,
+                 draft_cost_grows: bool = True):
         self.max_draft = max_draft
         self.adaptive = adaptive
         self.max_rows = max_rows  # rows one decode may carry (n_batch, outputs, exact mode's limit)
         self.verify = CostTable()  # seconds of a decode, by its total rows
+        self.shared_draft = shared_draft
+        self.draft_cost_grows = draft_cost_grows
+        self.draft = CostTable()  # shared drafters: seconds of a step's drafter decodes, by the step's draft length
         self.cycles_off = 0
         self.probe_wait = PROBE_EVERY
         self.probing = False
@@ -71,8 +82,10 @@ class StepPolicy:
             for policy, lim in slots:
                 kk = min(k, lim)
                 expected += policy.expected_tokens(kk)
-                if kk:
+                if kk and not self.shared_draft:
                     cost += policy.draft(kk if policy.draft_cost_grows else 1) or 0.0
+            if k and self.shared_draft:  # one set of decodes for every drafting slot: the step's measured cost
+                cost += self.draft(k if self.draft_cost_grows else 1) or 0.0
             floor = cost = max(cost, floor)  # a longer draft never costs less
             if cost <= 0:
                 continue
@@ -102,7 +115,13 @@ class StepPolicy:
         """Plain steps to wait at least before a probe (:func:`~localflash.speculative.adapt.probe_floor`):
         its slot's draft and its rows over a plain step's."""
         rows, k = self.rows(limits, 0), PROBE_DRAFT
-        return probe_floor(self.verify(rows), self.verify(rows + k), policy.draft(k if policy.draft_cost_grows else 1))
+        draft = self.draft if self.shared_draft else policy.draft
+        return probe_floor(self.verify(rows), self.verify(rows + k), draft(k if policy.draft_cost_grows else 1))
 
     def record(self, rows: int, seconds: float) -> None:
         self.verify.add(rows, seconds)
+
+    def record_draft(self, k: int, seconds: float) -> None:
+        """A step whose longest draft asked was ``k`` spent ``seconds`` in its drafter group (shared drafters' cost)."""
+        if self.shared_draft and k:
+            self.draft.add(k if self.draft_cost_grows else 1, seconds)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from localflash.speculative.drafter import Drafter
+from localflash.speculative.group import DrafterGroup
 
 LABEL = "synthetic acceptance (benchmark only: an oracle drafter, not a real one)"
 
@@ -56,8 +57,11 @@ class SyntheticDrafter(Drafter):
 
     def _refill(self, n: int = 4096) -> None:
         """Draw the next ``n`` per-token outcomes at once (a cycle then only slices lists: its cost is the loop's, not ours)."""
-        self._ok = (self.rng.random(n) < self.accept).tolist()
+        ok = self.rng.random(n) < self.accept
+        self._ok = ok.tolist()
+        self._ok_sum = [0] + np.cumsum(ok).tolist()  # right drafts among the first i outcomes: no sum per cycle
         self._shift = self.rng.integers(1, self.n_vocab, size=n).tolist()
+        self._n_drawn = n
         self._next = 0
 
     def rollback(self, n_keep: int) -> None:
@@ -74,27 +78,55 @@ class SyntheticDrafter(Drafter):
             self.inner.on_prompt(prompt)
 
     def propose(self, history: list[int], n_past: int, k: int) -> list[int]:
-        k = min(k, self.max_draft)
+        if k > self.max_draft:
+            k = self.max_draft
         if self.inner is not None:
             self.inner.propose(history, n_past, k)  # its cost, not its tokens
-        n = len(history)
-        ref = self.reference
-        if self._same < n <= len(ref) and history[self._same : n] == ref[self._same : n]:
+        return self.oracle(history, k)
+
+    def oracle(self, history: list[int], k: int) -> list[int]:
+        """The proposal itself (``k`` <= max_draft): the reference's next tokens, each right with probability α."""
+        n, ref = len(history), self.reference
+        n_ref = len(ref)
+        if self._same < n <= n_ref and history[self._same : n] == ref[self._same : n]:
             self._same = n  # the history only grows within a request: compare what is new
-        if k <= 0 or self._same != n or n >= len(ref):
+        if k <= 0 or self._same != n or n >= n_ref:
             self.off_track += k > 0 and self._same != n
             return []
         truth = ref[n : n + k]
-        if self._next + len(truth) > len(self._ok):
+        m = k if n + k <= n_ref else n_ref - n
+        if self._next + m > self._n_drawn:
             self._refill()
-        i, j = self._next, self._next + len(truth)
+        i, j = self._next, self._next + m
         self._next = j
         draft = [t if ok else (t + s) % self.n_vocab for t, ok, s in zip(truth, self._ok[i:j], self._shift[i:j])]
-        right = sum(self._ok[i:j])
+        right = self._ok_sum[j] - self._ok_sum[i]
         self.right += right
-        self.wrong += len(truth) - right
+        self.wrong += m - right
         return draft
 
     def close(self) -> None:
         if self.inner is not None:
             self.inner.close()
+
+
+class SyntheticGroup(DrafterGroup):
+    """Slots' synthetic drafters (``drafters[i]``'s inner is slot i's drafter of ``inner``, a real group): each
+    step phase is the real group's (one DFlash decode for every slot), then each slot's proposal is replaced."""
+
+    def __init__(self, drafters: list[SyntheticDrafter], inner: DrafterGroup):
+        super().__init__(drafters)
+        self.inner = inner
+        self.shared_draft = inner.shared_draft
+
+    def propose(self, asks):
+        self.inner.propose(asks)  # its cost, not its tokens
+        drafters = self.drafters
+        return [drafters[i].oracle(history, k if k < drafters[i].max_draft else drafters[i].max_draft)
+                for i, history, _n_past, k in asks]
+
+    def on_target_decode(self, taken) -> None:
+        self.inner.on_target_decode(taken)
+
+    def close(self) -> None:
+        self.inner.close()

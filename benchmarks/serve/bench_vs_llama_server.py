@@ -1,0 +1,261 @@
+"""`localflash serve` against llama.cpp's `llama-server` on the same files, the same machine and the same requests.
+
+For each mode (``none`` = plain decoding, then each drafter kind both servers run: ``draft`` = a
+small draft model, ``ngram`` = prompt lookup, ``dflash`` where the pair's drafter is a DFlash file)
+both servers are started, with the same target, context, slots (``-np`` / ``--parallel``) and
+threads, and stay up together. For each client count C (1, 2, 4, 8) C real `openai` clients send
+REQUESTS streamed chat requests each, greedy, all at once, to one server and then the other,
+ROUNDS times round, the order alternating each round (interleaved: a machine's drift hits both
+alike). Reported per server: aggregate tok/s (completion tokens of all C streams / wall time),
+per-stream tok/s (a request's completion tokens / its latency as the client sees it), TTFT (the
+first content chunk), each the median over rounds; the ratio localflash / llama-server is the
+median over rounds of the two aggregates of the same round; ``equal`` counts replies whose text
+is the same on both servers (same prompt, same round). The 1-minute load average is recorded
+beside every row: timings need an idle machine.
+
+Drafting flags: localflash ``--spec draft --draft-max N`` (its adaptive length, unless --fixed)
+against ``--spec-type draft-simple --spec-draft-n-max N``; ``--spec ngram`` against
+``--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m N`` (a 3-token
+key, as localflash's shortest); ``--spec dflash`` against ``--spec-type draft-dflash``.
+
+llama-server comes from ``--peer`` (default ``peer/bin/llama-server``); when it is missing it is built
+with ``TARGETS="llama-speculative-simple llama-server" scripts/build_peer.sh`` (10-20 minutes).
+
+    .venv/bin/python benchmarks/serve/bench_vs_llama_server.py --model target.gguf --draft-model draft.gguf \\
+        --modes none,draft,ngram --slots 4 --ctx 8192 --threads 2 --max-tokens 96 --json vs_llama_server.json
+    .venv/bin/python benchmarks/serve/bench_vs_llama_server.py --pair demo --modes none,ngram,dflash --clients 1,2 --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from localflash.testing.serve import LiveServer
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPICS = ["the sea", "a mountain", "bread", "a library", "rain", "a city at night", "bicycles", "tea",
+          "a lighthouse", "winter", "a market", "trains", "an old clock", "the moon", "gardens", "a river"]
+
+
+class LlamaServer:
+    """``llama-server ARGS`` on a free loopback port: waits for /health (the model loaded)."""
+
+    def __init__(self, binary: Path, args: list[str], log: Path, timeout: float = 600):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.log = log
+        self.out = open(log, "w")
+        self.proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(port), *args], stdout=self.out, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"llama-server did not start:\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.model = httpx.get(self.url + "/v1/models").json()["data"][0]["id"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.out.close()
+
+
+def peer_binary(path: str | None) -> Path:
+    """llama-server: ``path``, or peer/bin/llama-server, built by scripts/build_peer.sh when missing."""
+    binary = Path(path) if path else ROOT / "peer" / "bin" / "llama-server"
+    if not binary.exists():
+        if path:
+            raise SystemExit(f"no llama-server at {binary}")
+        print("building llama-server with scripts/build_peer.sh (10-20 minutes)", file=sys.stderr, flush=True)
+        env = dict(os.environ, TARGETS="llama-speculative-simple llama-server")
+        subprocess.run(["bash", str(ROOT / "scripts" / "build_peer.sh")], check=True, env=env)
+    return binary
+
+
+def files(args) -> tuple[str, str | None, str | None]:
+    """(target, the pair's DFlash drafter or None, a draft model or None)."""
+    if args.model:
+        return args.model, args.dflash, args.draft_model
+    from localflash.registry.pairs import get_pair
+
+    pair = get_pair(args.pair)
+    drafter = str(pair.drafter) if pair.drafter is not None else None
+    return str(pair.target), drafter if pair.kind == "dflash" else args.dflash, args.draft_model or (drafter if pair.kind == "draft" else None)
+
+
+def server_args(mode: str, args, target: str, dflash: str | None, draft: str | None) -> tuple[list[str], list[str]]:
+    """(localflash serve arguments, llama-server arguments) of one mode."""
+    n = str(args.draft_max)
+    common_lf = ["-m", target, "-t", str(args.threads), "-c", str(args.ctx), "--parallel", str(args.slots), "--queue", "64"]
+    common_ls = ["-m", target, "-t", str(args.threads), "-c", str(args.ctx), "-np", str(args.slots)]
+    fixed = ["--fixed"] if args.fixed else []
+    if mode == "none":
+        return common_lf + ["--spec", "none"], common_ls
+    if mode == "draft":
+        if not draft:
+            raise SystemExit("mode draft needs a draft model: --draft-model FILE (or a pair whose drafter is one)")
+        return (common_lf + ["--spec", "draft", "--drafter", draft, "--draft-max", n] + fixed,
+                common_ls + ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", n])
+    if mode == "ngram":
+        return (common_lf + ["--spec", "ngram", "--draft-max", n] + fixed,
+                common_ls + ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", n])
+    if mode == "dflash":
+        if not dflash:
+            raise SystemExit("mode dflash needs a DFlash drafter: --dflash FILE (or a pair whose drafter is one)")
+        return (common_lf + ["--spec", "dflash", "--drafter", dflash] + fixed,
+                common_ls + ["-md", dflash, "--spec-type", "draft-dflash"])
+    raise SystemExit(f"unknown mode {mode!r}: none, draft, ngram or dflash")
+
+
+def one_request(client, model: str, prompt: str, max_tokens: int) -> tuple[str, int, float, float]:
+    """A streamed greedy chat request: (text, completion tokens, seconds to the first content, seconds in all)."""
+    t0 = time.perf_counter()
+    ttft, parts, usage = None, [], None
+    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}], temperature=0,
+                                            max_tokens=max_tokens, stream=True, stream_options={"include_usage": True})
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+        for choice in chunk.choices:
+            if choice.delta.content:
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                parts.append(choice.delta.content)
+    total = time.perf_counter() - t0
+    return "".join(parts), usage if usage is not None else len(parts), ttft if ttft is not None else total, total
+
+
+def run_clients(url: str, model: str, n_clients: int, n_requests: int, max_tokens: int) -> tuple[dict, float]:
+    """``n_clients`` clients at once, each sending ``n_requests``; {(client, i): (text, tokens, ttft, seconds)} and the wall time."""
+    out: dict = {}
+    errors: list = []
+
+    def client_loop(c: int):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=900)
+        for i in range(n_requests):
+            prompt = f"Write a short paragraph about {TOPICS[(c * n_requests + i) % len(TOPICS)]}."
+            try:
+                out[(c, i)] = one_request(client, model, prompt, max_tokens)
+            except Exception as e:  # noqa: BLE001 (reported)
+                errors.append(e)
+                return
+
+    threads = [threading.Thread(target=client_loop, args=(c,)) for c in range(n_clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out, time.perf_counter() - t0
+
+
+def figures(replies: dict, wall: float) -> dict:
+    tokens = sum(n for _, n, _, _ in replies.values())
+    return {"tokens": tokens, "aggregate_tok_s": tokens / wall,
+            "per_stream_tok_s": statistics.mean(n / t for _, n, _, t in replies.values() if t > 0),
+            "ttft_s": statistics.median(f for _, _, f, _ in replies.values())}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pair", default="demo")
+    ap.add_argument("--model", default=None, help="a target file instead of the pair's")
+    ap.add_argument("--draft-model", default=None, help="a small model of the target's family, for mode draft")
+    ap.add_argument("--dflash", default=None, help="a DFlash drafter, for mode dflash (a pair's DFlash drafter by default)")
+    ap.add_argument("--modes", default="none,draft,ngram")
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--requests", type=int, default=1, help="requests each client sends, one after the other")
+    ap.add_argument("--slots", type=int, default=4, help="-np / --parallel of both servers")
+    ap.add_argument("--ctx", type=int, default=8192)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--draft-max", type=int, default=8)
+    ap.add_argument("--fixed", action="store_true", help="localflash drafts a fixed length (as llama-server does), not its adaptive one")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--peer", default=None, help="the llama-server binary (default peer/bin/llama-server, built when missing)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    binary = peer_binary(args.peer)
+    target, dflash, draft = files(args)
+    clients = [int(c) for c in args.clients.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="lf-vs-ls-"))
+    rows = []
+    for mode in args.modes.split(","):
+        lf_args, ls_args = server_args(mode, args, target, dflash, draft)
+        servers = {}
+        try:  # both up at once (an idle server waits without CPU)
+            servers["localflash"] = LiveServer(*lf_args, log=work / f"localflash-{mode}.log")
+            servers["llama-server"] = LlamaServer(binary, ls_args, work / f"llama-server-{mode}.log")
+            for s in servers.values():  # warm-up (localflash: the step policy's calibration)
+                run_clients(s.url, s.model, 1, 1, 8)
+            for n in clients:
+                got: dict[str, list] = {name: [] for name in servers}
+                for r in range(args.rounds):
+                    order = list(servers) if r % 2 == 0 else list(servers)[::-1]
+                    for name in order:
+                        load = os.getloadavg()[0]
+                        replies, wall = run_clients(servers[name].url, servers[name].model, n, args.requests, args.max_tokens)
+                        got[name].append((replies, wall, load))
+                equal = sum(a[0] == b[0] for (ra, _, _), (rb, _, _) in zip(got["localflash"], got["llama-server"])
+                            for a, b in ((ra[key], rb[key]) for key in ra))
+                row = {"mode": mode, "clients": n, "rounds": args.rounds, "requests": n * args.requests * args.rounds, "equal_texts": equal}
+                for name, runs in got.items():
+                    fs = [figures(replies, wall) for replies, wall, _ in runs]
+                    row[name] = {k: round(statistics.median(f[k] for f in fs), 3) for k in fs[0]}
+                    row[name]["rounds_aggregate_tok_s"] = [round(f["aggregate_tok_s"], 2) for f in fs]
+                    row[name]["load_1min"] = [round(load, 2) for _, _, load in runs]
+                row["localflash_over_llama_server"] = round(statistics.median(
+                    a / b for a, b in zip(row["localflash"]["rounds_aggregate_tok_s"], row["llama-server"]["rounds_aggregate_tok_s"])), 3)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        finally:
+            for s in servers.values():
+                s.stop()
+    print(markdown(rows, args, target))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"settings": vars(args), "target": target, "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+def markdown(rows: list[dict], args, target: str) -> str:
+    lines = [f"{Path(target).name}, -np {args.slots} -c {args.ctx} -t {args.threads}, {args.max_tokens} tokens a request, greedy, "
+             f"medians of {args.rounds} interleaved rounds", "",
+             "| mode | clients | localflash agg tok/s | llama-server agg tok/s | ratio | per-stream (lf / ls) | TTFT s (lf / ls) "
+             "| equal texts | load |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lf, ls = r["localflash"], r["llama-server"]
+        lines.append(f"| {r['mode']} | {r['clients']} | {lf['aggregate_tok_s']:.1f} | {ls['aggregate_tok_s']:.1f} | "
+                     f"{r['localflash_over_llama_server']:.2f}× | {lf['per_stream_tok_s']:.1f} / {ls['per_stream_tok_s']:.1f} | "
+                     f"{lf['ttft_s']:.2f} / {ls['ttft_s']:.2f} | {r['equal_texts']}/{r['requests']} | "
+                     f"{max(lf['load_1min'] + ls['load_1min']):.2f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
