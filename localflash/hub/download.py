@@ -29,8 +29,8 @@ CHUNK = 1 << 20
 
 
 def xet_available() -> bool:
-    try:
-        from huggingface_hub.utils import is_xet_available
+    try:  # where huggingface_hub itself asks it (file_download imports it from there)
+        from huggingface_hub.utils._runtime import is_xet_available
     except ImportError:
         return False
     return bool(is_xet_available()) and os.environ.get("HF_HUB_DISABLE_XET", "").upper() not in ("1", "ON", "YES", "TRUE")
@@ -88,12 +88,12 @@ def fetch_file(f: RemoteFile, advance: Callable[[int], None] = lambda n: None) -
     blob.parent.mkdir(parents=True, exist_ok=True)
     lock = cache_dir() / ".locks" / root.name / f"{f.etag}.lock"  # the lock huggingface_hub takes for this blob
     lock.parent.mkdir(parents=True, exist_ok=True)
+    if f.xet is not None and xet_available() and not blob.is_file():
+        return _fetch_xet(f, blob, advance)  # hf_hub_download takes this blob's lock itself
     with filelock.FileLock(str(lock)):
         if blob.is_file() and (f.size is None or blob.stat().st_size == f.size):
             advance(f.size or blob.stat().st_size)
             return _link(f, blob)
-        if f.xet is not None and xet_available():
-            return _fetch_xet(f, blob, advance)
         _fetch_http(f, blob, advance)
         return _link(f, blob)
 
@@ -181,9 +181,12 @@ def _fetch_xet(f: RemoteFile, blob: Path, advance: Callable[[int], None]) -> Pat
                                     token=os.environ.get("HF_TOKEN") or None))
     except Exception as e:  # noqa: BLE001
         raise hub_error(e, f"{f.repo}/{f.path}") from e
-    if f.sha256 and sha256_of(blob) != f.sha256:
-        path.unlink(missing_ok=True)
-        _verify(f, sha256_of(blob), blob)
+    blob = path.resolve()  # hf_hub_download's blob (named by the same etag)
+    if f.sha256:
+        got = sha256_of(blob)
+        if got != f.sha256:
+            path.unlink(missing_ok=True)  # the snapshot link, then the blob: nothing left looking complete
+            _verify(f, got, blob)
     advance(f.size or blob.stat().st_size)
     return _link(f, blob)
 

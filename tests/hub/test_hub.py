@@ -285,3 +285,24 @@ def test_load_hf_downloads_and_generates_like_the_local_file(hub, smollm2):
     assert path.name == smollm2.name and "models--tester--SmolLM2-GGUF" in str(path)
     with load(model=str(smollm2), spec="none", ctx=256) as llm:
         assert llm.generate("The capital of France is", max_tokens=6, raw=True).text == by_name
+
+
+def test_the_xet_route_goes_through_hf_hub_download_and_is_checked_the_same_way(hub):
+    """With hf_xet installed a Xet-backed file is fetched by hf_hub_download (the loopback hub has no Xet
+    storage, so it serves the bytes over HTTP as huggingface_hub falls back to), then its sha256 is checked."""
+    from localflash.hub.client import file_metadata
+    from localflash.hub.download import fetch_file, xet_available
+
+    assert xet_available()  # hf_xet comes with huggingface_hub on x86_64/aarch64
+    good, bad = os.urandom(1 << 20), os.urandom(1 << 20)
+    hub.add(REPO, "Tiny-Q4_K_M.gguf", good)
+    hub.add(REPO, "Tiny-Q8_0.gguf", bad, lie=True)
+    for path, data in (("Tiny-Q4_K_M.gguf", good), ("Tiny-Q8_0.gguf", bad)):
+        f = file_metadata(next(x for x in resolve(parse_ref(f"{REPO}:{path[5:-5]}")).files))
+        f.xet = "as if the hub had sent Xet headers"
+        if data is good:
+            assert fetch_file(f).read_bytes() == good
+        else:
+            with pytest.raises(ChecksumMismatch):
+                fetch_file(f)
+    assert blobs() == [hub.repos[REPO].files["Tiny-Q4_K_M.gguf"].sha256]  # the refused file is gone
