@@ -74,12 +74,32 @@ def servers(request, tiny_target, tiny_dflash, tiny_qwen35_q4k, tmp_path_factory
     assert "Traceback" not in slots.log.read_text()
 
 
+def _draft_counters(url: str) -> tuple[float, float]:
+    """/metrics: draft tokens and accepted draft tokens so far."""
+    values = dict(line.split(" ", 1) for line in httpx.get(url + "/metrics").text.splitlines() if line and not line.startswith("#"))
+    return (float(values["llamacpp:spec_decode_num_draft_tokens_total"]), float(values["llamacpp:spec_decode_num_accepted_tokens_total"]))
+
+
 @pytest.mark.parametrize("clients", [4, 8])
 def test_concurrent_clients_get_their_solo_replies(servers, clients):
+    """Also: the requests overlapped (/slots, polled meanwhile, showed two or more slots decoding at once) and the
+    server drafted (its /metrics draft counters grew; accepted ones too with the MTP block that mostly agrees)."""
     server, alone = servers
     reqs = _requests()
     got: dict[int, str] = {}
     errors: list[BaseException] = []
+    drafted0, accepted0 = _draft_counters(server.url)
+    busiest = [0]
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            states = [s["state"] for s in httpx.get(server.url + "/slots").json()]
+            busiest[0] = max(busiest[0], states.count("decoding"))
+            done.wait(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
 
     def client_loop(c: int):
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
@@ -96,8 +116,15 @@ def test_concurrent_clients_get_their_solo_replies(servers, clients):
         t.start()
     for t in threads:
         t.join()
+    done.set()
+    watcher.join()
     assert not errors
     assert [got[i] for i in range(len(reqs))] == alone
+    assert busiest[0] >= 2, busiest  # requests overlapped: decoded in the same steps
+    drafted, accepted = _draft_counters(server.url)
+    assert drafted > drafted0, (drafted0, drafted)
+    if "qwen35" in server.model:  # the K-quant qwen35 and its MTP block
+        assert accepted > accepted0, (accepted0, accepted)
     slots = httpx.get(server.url + "/slots").json()
     assert len(slots) == 8 and all(s["state"] == "idle" for s in slots)
     metrics = httpx.get(server.url + "/metrics").text

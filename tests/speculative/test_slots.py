@@ -175,3 +175,35 @@ def test_a_long_prompt_joins_in_chunks_while_another_slot_streams(files, kind):
     assert r["slot_after_cancel"] == "idle" and 0 < r["cached_after_cancel"] < n  # a prefix of it stays cached, consistent
     assert r["after"] == solo["after"]
     assert r["idle"]
+
+
+def test_a_drafter_that_never_pays_probes_on_one_slot_in_turn(files):
+    """Adaptive (no ``--fixed``) with a random DFlash drafter, which is (almost) never right: the step policy turns
+    drafting off for the whole batch, and from then on a step that drafts is a probe on one slot only, each slot in
+    turn (step_policy.py), so a probe costs the batch one slot's draft and rows. Watched at the pool: which slots each
+    of the drafter group's calls asked for."""
+    import threading
+
+    opts = _options(files, "dflash") | {"exact": False, "fixed": False, "ctx": 4096}
+    with load(**opts, parallel=2) as llm:
+        pool, asked = llm.pool, []
+        propose = pool.group.propose
+
+        def watched(asks):
+            asked.append((pool.steps, pool.policy.probe_slot is not None, [a[0] for a in asks]))
+            return propose(asks)
+
+        pool.group.propose = watched
+        threads = [threading.Thread(target=lambda i=i: llm.start(WORDS[i] + " " + WORDS[i + 3], raw=True, max_tokens=700,
+                                                               slot=i).completion()) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        steps, most = pool.steps, pool.most_active
+    assert most == 2
+    probes = [(step, slots) for step, probe, slots in asked if probe]
+    assert len(probes) >= 2 and all(len(slots) == 1 for _, slots in probes), asked  # a probe drafts on one slot
+    assert [slots[0] for _, slots in probes[:2]] == [0, 1], probes  # in turn
+    assert all(step < probes[0][0] for step, probe, _ in asked if not probe), asked  # off after the first tries, for good
+    assert len(asked) < steps / 20, (len(asked), steps)  # plain batched steps nearly all the time
