@@ -65,8 +65,11 @@ class Batch:
             self.n_seq_id[:] = 1
             self._multi = False
         self._uniform = None
-        ids = np.asarray(seqs) if type(seqs) is not np.ndarray else seqs
-        if ids.dtype.kind in "iu" and ids.ndim == 1:  # one sequence a row: only rows now in another are written
+        try:
+            ids = np.asarray(seqs)
+        except ValueError:  # rows listing different numbers of sequences (a tree's)
+            ids = None
+        if ids is not None and ids.ndim == 1 and ids.dtype.kind in "iu":  # one sequence a row: only rows now in another are written
             rows = self._seq[start : start + len(ids)]
             raw = self.raw.seq_id
             for i in (rows != ids).nonzero()[0].tolist():

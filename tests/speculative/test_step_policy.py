@@ -67,3 +67,20 @@ def test_probes_are_spaced_so_they_cost_at_most_a_small_share_of_the_plain_steps
     assert dear and dear[0] >= (3.0 + 2.0) / PROBE_SHARE - 1 and min(gaps) >= (3.0 + 2.0) / PROBE_SHARE
     cheap = probe_steps(0.001, 0.001, 1.0)  # rows and drafts nearly free beside the pass (a GPU)
     assert cheap[0] == PROBE_EVERY - 1 and cheap[1] - cheap[0] == 2 * PROBE_EVERY
+
+
+def test_a_shared_drafters_decodes_are_priced_whole_whichever_slots_draft():
+    """One slot left of four: a shared drafter's decodes (3 steps' worth) cost that step all 3, not the quarter each
+    slot was charged while four drafted together; at acceptance 0.75 drafting then loses and the step is plain."""
+    def one_slot(shared: bool) -> int:
+        slot = _slot(0.75)
+        slot.draft.ema.clear()
+        slot.draft.add(1, 3.0 / 4)  # its share of the group's decodes, measured while four slots drafted
+        sp = StepPolicy(8, shared_draft=shared, draft_cost_grows=False)
+        for rows in range(1, 40):
+            sp.record(rows, 1.0 + 0.001 * rows)
+        sp.record_draft(8, 3.0)
+        return sp.choose([(slot, 8)])
+
+    assert one_slot(shared=False) > 0  # by the slot's share, drafting looks 2x plain
+    assert one_slot(shared=True) == 0
