@@ -20,6 +20,7 @@ from localflash.llama.batch import Batch  # noqa: F401  (re-exported)
 from localflash.llama.bindings import ext, ext_address, lib, recent_log
 from localflash.llama.views import address_view, float_view
 from localflash.llama.rpc import device_array, local_gpus
+from localflash.llama.embd_rows import EmbdRows
 from localflash.llama.graph_sampling import InGraphSampling
 from localflash.llama.rollback import RecurrentCache, StateCheckpoint  # noqa: F401  (StateCheckpoint: re-exported)
 
@@ -247,7 +248,7 @@ class ContextOptions:
     mtp: bool = False  # an MTP context: runs the model's nextn block (LLAMA_CONTEXT_TYPE_MTP)
 
 
-class Context(RecurrentCache, InGraphSampling):
+class Context(EmbdRows, RecurrentCache, InGraphSampling):
     """An inference context (KV cache, compute buffers) on one model, sequence 0 (its rows may be sampled in the graph)."""
 
     def __init__(self, model: Model, options: ContextOptions | None = None, other: "Context | None" = None):
@@ -360,51 +361,6 @@ class Context(RecurrentCache, InGraphSampling):
     def last_tokens(self) -> np.ndarray:
         """The token ids of the last token decode (a view, valid until the next one)."""
         return self._batch.token[: self.n_last]
-
-    def decode_embd(self, parts, start_pos: int, n: int | None = None) -> None:
-        """Decode float input rows (e.g. DFlash target features), no outputs: ``parts`` is one ``[n, width]``
-        array or a list of ``[>= n, w_i]`` arrays whose first ``n`` rows, side by side, are the rows
-        (written straight into the batch: no joined copy)."""
-        if type(parts) is not list:
-            parts = [parts] if isinstance(parts, np.ndarray) else list(parts)
-        n = parts[0].shape[0] if n is None else n
-        self.decode_embd_rows([(parts, start_pos, n, self.seq)])
-        last = (n - 1) // self.n_batch * self.n_batch  # the last decode's first row
-        self._last_start, self.end, self._rolled = start_pos + last, start_pos + n, False  # (RecurrentCache._decoded)
-
-    def decode_embd_rows(self, items) -> None:
-        """Float input rows of several sequences, no outputs: ``items`` of ``(parts, start_pos, n, seq)`` as :meth:`decode_embd`'s,
-        in one decode per ``n_batch`` rows (every slot's features at once); the caller (a view per sequence) keeps rollback state."""
-        if not (items := [it for it in items if it[2] > 0]):
-            return
-        width = 0
-        for p in items[0][0]:
-            width += p.shape[1]
-        b = self._embd_batch
-        if b is None or b.width != width:
-            if b is not None:
-                b.close()
-            b = self._embd_batch = Batch(self.n_batch, width, n_seq_max=self.n_seq_max)
-        row, last, cap = 0, items[-1], self.n_batch
-        for item in items:
-            parts, start_pos, n, seq = item
-            off = 0
-            while off < n:
-                m = n - off if n - off < cap - row else cap - row
-                col = 0
-                for p in parts:
-                    w = p.shape[1]
-                    b.embd[row : row + m, col : col + w] = p[off : off + m]
-                    col += w
-                np.add(b._steps[:m], start_pos + off, out=b.pos[row : row + m])
-                b.set_seq_range(seq, row, m)  # rows already in ``seq`` cost nothing (one stream: every cycle)
-                row, off = row + m, off + m
-                if row == cap or (off == n and item is last):
-                    b.logits[:row] = 0
-                    b.raw.n_tokens = row
-                    self._run(b.raw, row)
-                    row = 0
-        self._n_out = 0
 
     def _run(self, raw, n: int) -> None:
         self.n_decodes += 1

@@ -1,0 +1,59 @@
+"""Float input rows (DFlash target features, EAGLE-3 hidden states) decoded straight from NumPy arrays.
+
+A mixin of :class:`localflash.llama.runtime.Context`: the rows are written into a float
+batch of the context's own (``_embd_batch``, made on first use and when the width changes),
+one ``llama_decode`` per ``n_batch`` rows, several sequences' rows in one decode.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from localflash.llama.batch import Batch
+
+
+class EmbdRows:
+    def decode_embd(self, parts, start_pos: int, n: int | None = None) -> None:
+        """Decode float input rows (e.g. DFlash target features), no outputs: ``parts`` is one ``[n, width]``
+        array or a list of ``[>= n, w_i]`` arrays whose first ``n`` rows, side by side, are the rows
+        (written straight into the batch: no joined copy)."""
+        if type(parts) is not list:
+            parts = [parts] if isinstance(parts, np.ndarray) else list(parts)
+        n = parts[0].shape[0] if n is None else n
+        self.decode_embd_rows([(parts, start_pos, n, self.seq)])
+        last = (n - 1) // self.n_batch * self.n_batch  # the last decode's first row
+        self._last_start, self.end, self._rolled = start_pos + last, start_pos + n, False  # (RecurrentCache._decoded)
+
+    def decode_embd_rows(self, items) -> None:
+        """Float input rows of several sequences, no outputs: ``items`` of ``(parts, start_pos, n, seq)`` as :meth:`decode_embd`'s,
+        in one decode per ``n_batch`` rows (every slot's features at once); the caller (a view per sequence) keeps rollback state."""
+        if not (items := [it for it in items if it[2] > 0]):
+            return
+        width = 0
+        for p in items[0][0]:
+            width += p.shape[1]
+        b = self._embd_batch
+        if b is None or b.width != width:
+            if b is not None:
+                b.close()
+            b = self._embd_batch = Batch(self.n_batch, width, n_seq_max=self.n_seq_max)
+        row, last, cap = 0, items[-1], self.n_batch
+        for item in items:
+            parts, start_pos, n, seq = item
+            off = 0
+            while off < n:
+                m = n - off if n - off < cap - row else cap - row
+                col = 0
+                for p in parts:
+                    w = p.shape[1]
+                    b.embd[row : row + m, col : col + w] = p[off : off + m]
+                    col += w
+                np.add(b._steps[:m], start_pos + off, out=b.pos[row : row + m])
+                b.set_seq_range(seq, row, m)  # rows already in ``seq`` cost nothing (one stream: every cycle)
+                row, off = row + m, off + m
+                if row == cap or (off == n and item is last):
+                    b.logits[:row] = 0
+                    b.raw.n_tokens = row
+                    self._run(b.raw, row)
+                    row = 0
+        self._n_out = 0
