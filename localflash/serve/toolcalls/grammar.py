@@ -139,9 +139,12 @@ def _xml_params(r: SchemaRules, name: str, schema: dict, hint: str) -> str:
 
     def block(k):
         s = props[k] if isinstance(props[k], dict) else {}
-        value = "xml-text" if s.get("type") == "string" and "enum" not in s and "const" not in s else r.value(s, f"{hint}-{k}")
-        if s.get("type") == "string" and isinstance(s.get("enum"), list):
+        if s.get("type") == "string" and isinstance(s.get("enum"), list):  # raw text, one of the values
             value = "(" + " | ".join(literal(str(v)) for v in s["enum"]) + ")"
+        elif s.get("type") == "string" and "const" not in s:
+            value = "xml-text"
+        else:  # other types are written as JSON
+            value = r.value(s, f"{hint}-{k}")
         return f'{literal(f"<parameter={k}>" + chr(10))} {value} {literal(chr(10) + "</parameter>" + chr(10))}'
 
     parts = [block(k) for k in required] + [f"( {block(k)} )?" for k in optional]
