@@ -21,12 +21,15 @@ from sse_starlette import EventSourceResponse
 
 from localflash.serve.anthropic_wire import (THINK_CLOSE, THINK_OPEN, CountTokensRequest, MessageReply, MessagesRequest, chat_messages, chat_tools,
                                              error_body, messages_request, thinking_switch)
+from localflash.serve.assistant import constrain
 from localflash.serve.errors import APIError, error_from
+from localflash.serve.toolcalls.grammar import tool_grammar
 from localflash.serve.worker import Job, QueueFull
 
 
-def anthropic_router(llm, worker, metrics, model_id: str) -> APIRouter:
-    """The Messages routes over ``worker`` (see the module docstring); ``model_id`` names the served model in replies."""
+def anthropic_router(llm, worker, metrics, model_id: str, style) -> APIRouter:
+    """The Messages routes over ``worker`` (see the module docstring); ``model_id`` names the served model in replies;
+    ``style`` (:class:`~localflash.serve.assistant.ChatStyle`): the model's tool-call format and thinking default, as the chat route's."""
     router = APIRouter()
 
     def fail(err: APIError) -> JSONResponse:
@@ -70,6 +73,7 @@ def anthropic_router(llm, worker, metrics, model_id: str) -> APIRouter:
         try:
             body = await parse(request, MessagesRequest)
             msgs, params = messages_request(body)
+            calls = forced_calls(body, params)
             job = Job("chat", msgs, params, asyncio.get_running_loop())
             try:
                 worker.submit(job)
@@ -80,7 +84,7 @@ def anthropic_router(llm, worker, metrics, model_id: str) -> APIRouter:
                 raise error_from(first[1])
         except APIError as e:
             return fail(e)
-        reply = MessageReply(model_id, params["tools"] is not None, params["stop"])
+        reply = MessageReply(model_id, calls, params["stop"])
         if body.stream:
             return EventSourceResponse(stream(job, first, reply), sep="\n", ping=10)
         try:
@@ -136,6 +140,18 @@ def anthropic_router(llm, worker, metrics, model_id: str) -> APIRouter:
         if last is None or last.finish_reason == "cancelled":
             raise APIError(503, "the request was cancelled (the server is stopping)")
         return reply.whole(last)
+
+    def forced_calls(body: MessagesRequest, params: dict):
+        """The thinking default, and ``tool_choice`` any / tool as the chat route's required / named (a grammar in the
+        model's call format); the reply's tool-call parser (None without tools)."""
+        if "thinking" not in params and style.options.thinking is not None and style.can_think:
+            params["thinking"] = style.options.thinking
+        tools = params["tools"]
+        choice = body.tool_choice
+        if tools and choice is not None and choice.type in ("any", "tool"):
+            constrain(params, tool_grammar(style.format.name, tools, choice.name if choice.type == "tool" else None,
+                                           parallel=not choice.disable_parallel_tool_use), llm)
+        return style.format.stream(tools) if tools else None
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):

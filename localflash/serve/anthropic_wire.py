@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from localflash.serve.errors import APIError
 from localflash.serve.replies import new_id
-from localflash.serve.tools import ToolCallStream
+from localflash.serve.toolcalls import CallStream
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # as localflash.phases (the session's phase tracker) reads them
 
@@ -83,6 +83,7 @@ class ToolIn(_In):
 class ToolChoice(_In):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
+    disable_parallel_tool_use: bool = False
 
 
 class Thinking(_In):
@@ -158,9 +159,10 @@ def chat_messages(body: MessagesRequest | CountTokensRequest) -> list[dict]:
 def chat_tools(body: MessagesRequest | CountTokensRequest) -> list[dict] | None:
     """Tools as the chat route's OpenAI function specs; None without tools or with ``tool_choice`` none."""
     choice = body.tool_choice.type if body.tool_choice is not None else "auto"
-    if choice in ("any", "tool"):
-        raise APIError(400, f"tool_choice {choice!r} is not supported here: 'auto' or 'none' (the model decides whether to call)",
-                       param="tool_choice")
+    if choice in ("any", "tool") and not body.tools:
+        raise APIError(400, f"tool_choice {choice!r} needs tools", param="tool_choice")
+    if choice == "tool" and body.tool_choice.name not in {t.name for t in body.tools}:
+        raise APIError(400, f"tool_choice names {body.tool_choice.name!r}, which is not in tools", param="tool_choice")
     if not body.tools or choice == "none":
         return None
     return [{"type": "function", "function": {"name": t.name, **({"description": t.description} if t.description else {}),
@@ -227,10 +229,11 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "context": "max_toke
 class MessageReply:
     """One assistant message as Anthropic events; :meth:`whole` folds the same events into the message body."""
 
-    def __init__(self, model: str, tools_on: bool, stop_sequences: list[str] | None = None):
+    def __init__(self, model: str, calls: CallStream | None, stop_sequences: list[str] | None = None):
+        """``calls``: the served model's tool-call parser for this request's tools (None without tools)."""
         self.id, self.model = new_id("msg"), model
         self.split = ThinkSplit()
-        self.calls = ToolCallStream() if tools_on else None
+        self.calls = calls
         self.stop_sequences = stop_sequences or []
         self.blocks: list[dict] = []  # the message's content blocks so far
         self.open: str | None = None  # the type of the block being streamed
@@ -263,8 +266,10 @@ class MessageReply:
         for kind, piece in self.split.flush():
             events += self._piece(kind, piece)
         if self.calls is not None:
-            rest, _ = self.calls.flush()
+            rest, calls = self.calls.flush()
             events += self._text(rest)
+            for c in calls:
+                events += self._tool_use(c)
         if self.open is not None:
             events += self._stop()
         return events

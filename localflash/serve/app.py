@@ -241,7 +241,7 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
         return app.openapi_schema
 
     app.openapi = openapi
-    app.include_router(anthropic_router(llm, worker, metrics, model_id))  # Anthropic's Messages API (serve/anthropic.py)
+    app.include_router(anthropic_router(llm, worker, metrics, model_id, style))  # Anthropic's Messages API (serve/anthropic.py)
     add_web(app, llm, worker.max_queue)  # the chat page at / and its model card
     started = int(time.time())
     return app

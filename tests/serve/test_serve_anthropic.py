@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from localflash.serve.anthropic_wire import MessageReply
+from localflash.serve.toolcalls import get_format
 from localflash.testing.serve import LiveServer
 
 anthropic = pytest.importorskip("anthropic", reason="the dev extra installs anthropic")
@@ -134,7 +135,7 @@ def test_a_call_in_the_reply_is_a_tool_use_block_streamed_and_whole(server):
     rng = random.Random(0)
     for _ in range(5):
         cuts = sorted(rng.sample(range(1, len(text)), 6))
-        reply = MessageReply("m", tools_on=True)
+        reply = MessageReply("m", get_format("hermes").stream([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]))
         events = [reply.start(done)]
         for piece in (text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])):
             events += reply.feed(piece)
