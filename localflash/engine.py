@@ -297,8 +297,10 @@ def make_slot_drafters(kind: str, target, ctx, drafter_model, n_seq: int, *, n_c
 
         if base == "dflash":
             from localflash.speculative.dflash import DFlashGroup
+            from localflash.speculative.dspark import dflash_drafter
 
-            group = DFlashGroup(drafter_model, target, ctx, n_ctx + BLOCK_ROOM, n_seq, n_threads=threads, p_min=p_min, kv=kv)
+            group = DFlashGroup(drafter_model, target, ctx, n_ctx + BLOCK_ROOM, n_seq, n_threads=threads, p_min=p_min, kv=kv,
+                                make=dflash_drafter)
         elif base == "draft":
             from localflash.speculative.draft_model import DraftModelGroup
 
@@ -351,7 +353,7 @@ def make_drafter(kind: str, target, ctx, drafter_model=None, *, n_ctx: int, max_
     if base == "none":
         return None
     if base == "dflash":
-        from localflash.speculative.dflash import dflash_drafter
+        from localflash.speculative.dspark import dflash_drafter
 
         drafter = dflash_drafter(drafter_model, target, ctx, n_ctx + BLOCK_ROOM, n_threads=threads, p_min=p_min,
                                  in_graph_argmax=in_graph_argmax, kv=kv)

@@ -29,7 +29,7 @@ def plan(
     gpus: Optional[str] = typer.Option(None, "--gpus", help="Cards by index (0,1) or by size (24GiB,24GiB)."),
     ctx: Optional[int] = typer.Option(None, "--ctx", "-c", help="Context wish in tokens (0: the largest that fits)."),
     kv: Optional[str] = typer.Option(None, "--kv", help="Target KV cache type: f16, q8_0, q4_0 (default: the best that fits)."),
-    kv_drafter: Optional[str] = typer.Option(None, "--kv-drafter", help="Drafter KV cache type: f16, q8_0, q4_0 (default: the cheaper of f16 and --kv)."),
+    kv_drafter: Optional[str] = LOAD_FLAGS["kv_drafter"].option(),
     split: str = typer.Option("layer", "--split", help="layer | tensor (experimental) for several cards."),
     draft_max: Optional[int] = DRAFT_MAX.option(),
     margin: str = typer.Option("512MiB", "--margin", help="Memory left free on every card."),

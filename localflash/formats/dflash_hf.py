@@ -198,6 +198,9 @@ def read_checkpoint(hf_dir: str | Path) -> Checkpoint:
 
 def check_is_dflash(config: dict, where: Path | str) -> None:
     archs = config.get("architectures") or []
+    if any("dspark" in str(a).lower() for a in archs):  # DSparkDraftModel, Qwen3DSparkModel, Lfm2DSparkDraftModel, ...
+        raise LocalflashError(f"{where} is a DSpark checkpoint ({', '.join(map(str, archs))}), which convert-drafter does not convert",
+                              hint="convert it with llama.cpp's convert_hf_to_gguf.py (DSparkModel); localflash runs the GGUF with --spec dflash")
     if not any("dflash" in str(a).lower() for a in archs) and "dflash_config" not in config:
         what = ", ".join(map(str, archs)) or config.get("model_type") or "unknown"
         raise LocalflashError(

@@ -105,12 +105,10 @@ class ModelMeta:
     warnings: list[str] = field(default_factory=list)
     selector_top_k: int = 0  # DFlash2: candidates per block position (0: DFlash1 or not a DFlash file)
     target_hidden_size: int = 0  # EAGLE-3: width of each tapped target layer
-    # DSpark (a DFlash file with a Markov head, markov_w1/markov_w2, and maybe a confidence head, conf_proj):
-    # the block is anchor-first unless dflash.sample_from_anchor is false; DSV4: a DeepSeek-V4 backbone
-    # (dflash.hyper_connection.count > 0), whose stages are DSV4 blocks
-    sample_from_anchor: bool = True
-    confidence_key: bool = True  # dflash.has_confidence_head (absent: true, as llama.cpp reads it)
-    dsv4_backbone: bool = False
+    is_dspark: bool = False  # a DFlash file with a Markov head (markov_w1)
+    dspark_confidence: bool = False  # ... and a confidence head (conf_proj; dflash.has_confidence_head not false)
+    sample_from_anchor: bool = True  # DSpark: an anchor-first block (dflash.sample_from_anchor, absent: true)
+    dsv4_backbone: bool = False  # DSpark on a DeepSeek-V4 backbone (dflash.hyper_connection.count > 0)
     load_mtp: bool = False  # priced as loaded with its MTP/nextn blocks (``replace(meta, load_mtp=True)``)
 
     @property
@@ -133,15 +131,6 @@ class ModelMeta:
     @property
     def is_dflash(self) -> bool:
         return self.arch == "dflash"
-
-    @property
-    def is_dspark(self) -> bool:
-        return self.is_dflash and any(t.name == "markov_w1.weight" for t in self.tensors)
-
-    @property
-    def dspark_confidence(self) -> bool:
-        """A DSpark file's confidence head (``conf_proj``): what ``p_min`` cuts a draft by."""
-        return self.confidence_key and any(t.name == "conf_proj.weight" for t in self.tensors)
 
     @property
     def is_eagle3(self) -> bool:
@@ -404,9 +393,8 @@ def _meta_from_reader(path: Path, reader, file_bytes: int) -> ModelMeta:
         warnings=warnings,
         selector_top_k=int(get(f"{a}.selector_top_k", 0) or 0),
         target_hidden_size=int(get(f"{a}.target_hidden_size", 0) or 0),
-        sample_from_anchor=bool(get(f"{a}.sample_from_anchor", True)),
-        confidence_key=bool(get(f"{a}.has_confidence_head", True)),
-        dsv4_backbone=int(get(f"{a}.hyper_connection.count", 0) or 0) > 0,
+        is_dspark="markov_w1.weight" in by_name, dspark_confidence="conf_proj.weight" in by_name and bool(get(f"{a}.has_confidence_head", True)),
+        sample_from_anchor=bool(get(f"{a}.sample_from_anchor", True)), dsv4_backbone=int(get(f"{a}.hyper_connection.count", 0) or 0) > 0,
     )
 
 

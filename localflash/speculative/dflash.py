@@ -113,14 +113,6 @@ def is_dspark(model: Model) -> bool:
     return read_meta(model.path).is_dspark
 
 
-def dflash_drafter(model: Model, *args, **kw) -> "DFlashDrafter":
-    """The drafter a ``dflash`` file is driven by: :class:`DFlashDrafter` (DFlash, DFlash2) or DSpark's."""
-    if is_dspark(model):
-        from localflash.speculative.dspark import DSparkDrafter
-
-        return DSparkDrafter(model, *args, **kw)
-    return DFlashDrafter(model, *args, **kw)
-
 
 def greedy_in_graph(ctx: Context, in_graph_argmax: bool | None, top_k: int, n_seq: int = 1) -> bool:
     """Whether DFlash1 drafts are argmaxed in llama.cpp's graph (a chain is then attached to ``ctx``).
@@ -304,12 +296,14 @@ class DFlashGroup(DrafterGroup):
     shared_draft = True
 
     def __init__(self, model: Model, target: Model, target_ctx: Context, n_ctx: int, n_seq: int, n_threads: int = 0,
-                 p_min: float = 0.0, in_graph_argmax: bool | None = None, kv: str = "f16"):
+                 p_min: float = 0.0, in_graph_argmax: bool | None = None, kv: str = "f16", make=None):
+        """``make``: the drafter of one slot (``dspark.dflash_drafter``: DSpark files get theirs); default DFlashDrafter."""
+        make = make or DFlashDrafter
         self.model = model
         self.ctx = dflash_context(model, target_ctx, n_ctx, n_threads, n_seq, kv=kv)
         dspark = is_dspark(model)  # DSpark drafts are read from the Markov-corrected logits, never argmaxed in the graph
         self.in_graph = not dspark and greedy_in_graph(self.ctx, in_graph_argmax, model.dflash_selector_top_k(), n_seq)
-        super().__init__([dflash_drafter(model, target, target_ctx, n_ctx, p_min=p_min, group=self, seq=i) for i in range(n_seq)])
+        super().__init__([make(model, target, target_ctx, n_ctx, p_min=p_min, group=self, seq=i) for i in range(n_seq)])
         self.block_size = self.drafters[0].block_size
         self.per_decode = max(1, self.ctx.n_batch // self.block_size)  # blocks one draft decode carries
 

@@ -42,7 +42,7 @@ import numpy as np
 from localflash.archs import DSPARK_DSV4_REFUSAL
 from localflash.errors import LocalflashError
 from localflash.formats.gguf_meta import read_meta
-from localflash.speculative.dflash import DFlashDrafter
+from localflash.speculative.dflash import DFlashDrafter, is_dspark
 from localflash.speculative.tree import TOP_K, Tree, chain_with_siblings, top_candidates_rows
 
 DSV4_HINT = "use a DSpark drafter with a Qwen3-style (DFlash) backbone"
@@ -68,6 +68,13 @@ def confidence_cut(conf: np.ndarray, p_min: float) -> int:
     """How many positions survive the confidence cut: up to the first below ``p_min``."""
     low = np.flatnonzero(conf < p_min)
     return int(low[0]) if low.size else len(conf)
+
+
+def dflash_drafter(model, *args, **kw) -> DFlashDrafter:
+    """The drafter a ``dflash`` file is driven by: DSpark's for a file with a Markov head, else :class:`DFlashDrafter`."""
+    if is_dspark(model):
+        return DSparkDrafter(model, *args, **kw)
+    return DFlashDrafter(model, *args, **kw)
 
 
 class DSparkDrafter(DFlashDrafter):
