@@ -124,7 +124,7 @@ def plan_command(
         doc["runtime_kwargs"] = runtime_kwargs(plan)
         out.print_json(json.dumps(doc))
     else:
-        print_plan(plan, out)
+        print_plan(plan, out, parallel)
     return plan
 
 
@@ -134,7 +134,7 @@ def _label(row) -> str:
     return f"GPU{row.index}" if row.index is not None else "host"
 
 
-def print_plan(plan: Plan, out: Console) -> None:
+def print_plan(plan: Plan, out: Console, parallel: int = 1) -> None:
     from rich import box
     from rich.table import Table
 
@@ -170,6 +170,10 @@ def print_plan(plan: Plan, out: Console) -> None:
     if plan.mtp:
         settings += f"; drafter: the target's MTP block (MTP context n_ctx {plan.n_ctx}, KV {plan.type_k})"
     out.print(settings)
+    if parallel > 1:  # the same cells either way; compute is priced for attention over the whole context (the unified worst case)
+        kv = (sum(d.target_kv for d in plan.devices) + plan.host.target_kv) / 2**20
+        out.print(f"slots: {parallel} share one KV pool of {plan.n_ctx} tokens (target KV {kv:.0f} MiB): a request may use up to "
+                  f"{plan.n_ctx}, the slots together as many; --kv-pool split (--exact): {plan.n_ctx // parallel} a slot, the same KV")
     if plan.drafter_slots:
         out.print(plan.drafter_slots_line())
     if plan.tensor_overrides:
