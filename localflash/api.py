@@ -44,7 +44,7 @@ def __getattr__(name):  # SamplingParams pulls in numpy: only on first use, so i
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-SLOT_PROMPT_SIMILARITY = 0.5  # the share of a prompt a slot's cache must hold to route the request there (LLM.slot_for)
+SLOT_PROMPT_SIMILARITY = 0.5  # the share of a slot's cache a prompt must reuse to be routed there (LLM.slot_for)
 
 
 def load(pair: str | None = None, *, draft: str = "on", **options) -> "LLM":
@@ -277,9 +277,11 @@ class LLM:
                  thinking: bool | None = None, tools: list[dict] | None = None, **_request) -> int:
         """Of the ``free`` slots, the one whose cache shares the longest prefix with this prompt (ties: the first).
 
-        A prefix shorter than :data:`SLOT_PROMPT_SIMILARITY` of the prompt does not count (llama-server's
-        ``--slot-prompt-similarity``): the request then goes to the free slot with the least worth keeping (an
-        empty one, else the least recently used), so the conversations cached in the others stay for their next turn.
+        A prefix that reuses less than :data:`SLOT_PROMPT_SIMILARITY` of a slot's cache does not count there (as
+        llama-server's ``--slot-prompt-similarity``): a turn that resends its conversation reuses nearly all of
+        its slot's cache, however long its new part. Without such a slot the request goes to the free slot with
+        the least worth keeping (an empty one, else the least recently used), so the conversations cached in
+        the others stay for their next turn.
         """
         if len(free) == 1 or self.pool is None:
             return free[0]
@@ -288,9 +290,9 @@ class LLM:
         except LocalflashError:
             return free[0]  # start() reports what is wrong with the request
         shared = {i: self.sessions[i].cached_prefix(tokens) for i in free}
-        best = max(free, key=lambda i: (shared[i], -i))
-        if shared[best] and shared[best] >= SLOT_PROMPT_SIMILARITY * len(tokens):
-            return best
+        similar = [i for i in free if shared[i] and shared[i] >= SLOT_PROMPT_SIMILARITY * self.sessions[i].n_cached]
+        if similar:
+            return max(similar, key=lambda i: (shared[i], -i))
         used_at = self.pool.kv.used_at
         return min(free, key=lambda i: (self.sessions[i].n_cached > 0, used_at[i], i))
 

@@ -157,7 +157,7 @@ def plan_command(
                                          "file_bytes": r.file_bytes} for role, r in read.items()}
         out.print_json(json.dumps(doc))
     else:
-        print_plan(plan, out)
+        print_plan(plan, out, parallel)
         for role, r in read.items():
             out.print(hub_read_line(role, remote[role], r), style="dim", soft_wrap=True)
     return plan
@@ -178,7 +178,7 @@ def _label(row) -> str:
     return f"GPU{row.index}" if row.index is not None else "host"
 
 
-def print_plan(plan: Plan, out: Console) -> None:
+def print_plan(plan: Plan, out: Console, parallel: int = 1) -> None:
     from rich import box
     from rich.table import Table
 
@@ -214,6 +214,10 @@ def print_plan(plan: Plan, out: Console) -> None:
     if plan.mtp:
         settings += f"; drafter: the target's MTP block (MTP context n_ctx {plan.n_ctx}, KV {plan.type_k})"
     out.print(settings)
+    if parallel > 1:  # the same cells either way; compute is priced for attention over the whole context (the unified worst case)
+        kv = (sum(d.target_kv for d in plan.devices) + plan.host.target_kv) / 2**20
+        out.print(f"slots: {parallel} share one KV pool of {plan.n_ctx} tokens (target KV {kv:.0f} MiB): a request may use up to "
+                  f"{plan.n_ctx}, the slots together as many; --kv-pool split (--exact): {plan.n_ctx // parallel} a slot, the same KV")
     if plan.drafter_slots:
         out.print(plan.drafter_slots_line())
     if plan.tensor_overrides:

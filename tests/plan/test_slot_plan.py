@@ -107,3 +107,4 @@ def test_plan_parallel_prints_the_drafter_s_share(shaped, capsys, tmp_path):
     out = capsys.readouterr().out
     assert plan.drafter_slots["seqs"] == 8
     assert f"drafter for 8 slots: one context of 8 sequences x {N_CTX // 8 + BLOCK_ROOM} positions" in out
+    assert f"slots: 8 share one KV pool of {plan.n_ctx} tokens" in out and f"a request may use up to {plan.n_ctx}" in out

@@ -1,0 +1,59 @@
+"""Prefix-aware routing on a unified KV pool: each turn of a conversation goes to the slot that holds its history.
+
+Three conversations take turns, interleaved, on 4 slots of one unified pool (``LLM.slot_for``
+picks among the free slots as the server's worker does). Each turn reuses the whole history the
+slot holds (``cached_tokens``: the previous turn's prompt and reply, less the tokens the template
+renders differently once a reply is history), and its reply equals the reply of the same messages
+on a one-slot LLM that prefills them from scratch. The drafter's state follows the reuse: the
+n-gram index, and on the hybrid target MTP's intake and the recurrent checkpoints (a turn resumes
+at the checkpoint of the previous prompt's end). A prompt that shares too little with any cache goes
+to an empty slot, so no cached conversation is cut.
+
+Not exact mode (unified KV is not byte-exact by construction, config.EXACT_UNIFIED): the reply
+equalities are of greedy tokens on the tiny llama. The hybrid's are not checked here: outside exact
+mode its rows round differently with the verify batch's size (engine.exact_options), and a reply
+of it on a slot did differ from the one-slot LLM's in its 11th token; its slot replies are checked
+in exact mode, on split streams, by tests/speculative/test_slots.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from localflash import load
+
+TOPICS = ["the sea", "bread", "a mountain"]
+
+
+@pytest.mark.parametrize("kind", ["ngram", "qwen35-mtp"])
+def test_each_turn_reuses_its_conversation_s_slot_and_replies_as_a_fresh_prefill(kind, tiny_target, tiny_qwen35_q4k):
+    opts = {"ngram": dict(model=str(tiny_target), spec="ngram"), "qwen35-mtp": dict(model=str(tiny_qwen35_q4k), spec="mtp")}[kind]
+    opts |= dict(threads=1, ctx=4096, fixed=True, draft_max=4)
+    convs = [[{"role": "user", "content": f"Tell me about {t}."}] for t in TOPICS]
+    turns: list[tuple[list[dict], str, int, int]] = []  # (messages, reply, cached tokens, slot)
+    with load(**opts, parallel=4) as llm:
+        assert llm.info().kv_unified and llm.n_ctx == 4096
+        homes: dict[int, int] = {}
+        prev_prompt: dict[int, int] = {}
+        for turn in range(3):
+            for c, msgs in enumerate(convs):
+                slot = llm.slot_for(msgs, list(range(4)))
+                if turn == 0:
+                    assert slot not in homes.values()  # nothing similar cached: an empty slot, not another conversation's
+                    homes[c] = slot
+                assert slot == homes[c]
+                done = llm.chat(msgs, slot=slot, max_tokens=12, temperature=0)
+                turns.append(([dict(m) for m in msgs], done.text, done.cached_tokens, slot))
+                if turn:  # the history: the last prompt and reply (a hybrid: the last prompt, its checkpoint)
+                    floor = prev_prompt[c] - 1 if kind.startswith("qwen35") else prev[c] - 8
+                    assert done.cached_tokens >= floor, (turn, c, done.cached_tokens, prev[c], prev_prompt[c])
+                    assert llm.slots()[slot]["n_reused"] == done.cached_tokens
+                prev_prompt[c] = done.prompt_tokens
+                msgs += [{"role": "assistant", "content": done.text}, {"role": "user", "content": f"And more, part {turn + 2}."}]
+            prev = {c: llm.slots()[homes[c]]["n_cached"] for c in range(len(convs))}
+    if kind.startswith("qwen35"):
+        return  # see the module docstring: the hybrid's non-exact replies follow its verify batches, not only its tokens
+    with load(**opts, parallel=1) as solo:
+        for msgs, text, _cached, _slot in turns:
+            solo.reset()
+            assert solo.chat(msgs, max_tokens=12, temperature=0).text == text
