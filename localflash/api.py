@@ -208,8 +208,12 @@ class LLM:
         plan = getattr(self.engine, "plan", None)
         target_kv = plan.type_k if plan is not None else cfg.kv
         drafter_kv = (plan.drafter_type_kv if plan is not None else "") or cfg.kv_drafter or target_kv
-        expected = get_pair(cfg.pair).acceptance if cfg.pair else None
-        return acceptance_guard(stats, drafter_kv=drafter_kv, target_kv=target_kv, expected=expected)
+        pair = get_pair(cfg.pair) if cfg.pair else None
+        # the pair's figure is its own drafter's: a run that drafts with another kind (--spec ngram) is not judged by it
+        # (kind dflash: DFlash, DFlash2 and DSpark files)
+        kind = {"dflash2": "dflash", "dspark": "dflash"}.get(stats.drafter, stats.drafter)
+        expected = pair.acceptance if pair is not None and kind == pair.kind else None
+        return acceptance_guard(stats, drafter_kv=drafter_kv, target_kv=target_kv, expected=expected, pair=cfg.pair)
 
     def off_reason(self) -> str | None:
         """Why the adaptive draft length keeps drafting off, in measured numbers; None while drafting pays (or before it was measured)."""

@@ -1,4 +1,4 @@
-"""``localflash convert-drafter``: a z-lab DFlash checkpoint to a quantized GGUF, or back."""
+"""``localflash convert-drafter``: a z-lab DFlash or an HF DSpark checkpoint to a quantized GGUF, or (DFlash) back."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def convert_drafter(
     to_hf: bool = typer.Option(False, "--to-hf", help="Reverse: a dflash GGUF to an HF checkpoint (for vLLM/SGLang)."),
     dtype: str = typer.Option("bf16", "--dtype", help="HF weight type with --to-hf: bf16 | f16 | f32."),
 ):
-    """Convert a DFlash drafter (z-lab HF checkpoint) to a quantized GGUF for llama.cpp, or back with --to-hf."""
+    """Convert a DFlash or DSpark drafter (HF checkpoint) to a quantized GGUF for llama.cpp, or (DFlash) back with --to-hf."""
     convert_command(src, out, target, quant, to_hf, dtype)
 
 
@@ -29,8 +29,9 @@ def convert_command(src: str, out: str, target: str | None, quant: str, to_hf: b
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from localflash.formats.dflash_gguf import check_against_target, read_dflash_gguf, read_target
-    from localflash.formats.dflash_hf import gguf_to_hf, hf_to_gguf, read_checkpoint, spec_from_hf
+    from localflash.formats.dflash_gguf import DSparkSpec, check_against_target, read_dflash_gguf, read_target
+    from localflash.formats.dflash_hf import gguf_to_hf
+    from localflash.formats.dspark_hf import checkpoint_info, hf_to_gguf
 
     con = Console(stderr=True)
     if to_hf:
@@ -57,11 +58,12 @@ def convert_command(src: str, out: str, target: str | None, quant: str, to_hf: b
             prog.update(task, description=msg)
 
         dest = hf_to_gguf(src, out, target, quant, on_tensor=on_tensor, on_stage=on_stage)
-    info = spec_from_hf(read_checkpoint(src).config)
-    s = info.spec
+    s = checkpoint_info(src).spec
+    dspark = (f", DSpark Markov rank {s.markov_rank}, {'a' if s.confidence else 'no'} confidence head, "
+              f"{'anchor-first' if s.sample_from_anchor else 'bonus-anchor'} block") if isinstance(s, DSparkSpec) else ""
     con.print(f"wrote {dest} ({dest.stat().st_size / 1e6:.1f} MB, {quant.upper()}): {s.n_layer} layers, block {s.block_size}, "
               f"mask token {s.mask_token_id}, taps {[i - 1 for i in s.target_layers]} -> layer inputs {s.target_layers}"
-              + (f", sliding window {s.swa_window}" if s.swa_window else ""))
+              + (f", sliding window {s.swa_window}" if s.swa_window else "") + dspark)
     if s.swa_window and s.causal is None:
         con.print("[yellow]note[/]: llama.cpp runs every layer bidirectionally inside the block; this checkpoint's sliding "
                   "layers were trained causal there, so acceptance may be a little lower than in vLLM/SGLang")

@@ -153,8 +153,8 @@ class Checkpoint:
         return self.files[name].get(name)
 
 
-def read_checkpoint(hf_dir: str | Path) -> Checkpoint:
-    """Open an HF drafter directory; every listed shard must be present."""
+def read_checkpoint(hf_dir: str | Path, dspark_ok: bool = False) -> Checkpoint:
+    """Open an HF drafter directory; every listed shard must be present (``dspark_ok``: DSpark ones too)."""
     d = Path(hf_dir).expanduser()
     if not d.is_dir():
         raise LocalflashError(f"not a directory: {d}", hint="pass the folder holding config.json and *.safetensors")
@@ -165,7 +165,7 @@ def read_checkpoint(hf_dir: str | Path) -> Checkpoint:
         config = json.loads(cfg_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise LocalflashError(f"{cfg_path} is not valid JSON ({e.msg} at line {e.lineno})") from e
-    check_is_dflash(config, d)
+    check_is_dflash(config, d, dspark_ok)
     index = d / "model.safetensors.index.json"
     if index.is_file():
         weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
@@ -196,11 +196,13 @@ def read_checkpoint(hf_dir: str | Path) -> Checkpoint:
     return Checkpoint(d, config, files)
 
 
-def check_is_dflash(config: dict, where: Path | str) -> None:
+def check_is_dflash(config: dict, where: Path | str, dspark_ok: bool = False) -> None:
     archs = config.get("architectures") or []
     if any("dspark" in str(a).lower() for a in archs):  # DSparkDraftModel, Qwen3DSparkModel, Lfm2DSparkDraftModel, ...
+        if dspark_ok:
+            return  # checked by localflash.formats.dspark_hf
         raise LocalflashError(f"{where} is a DSpark checkpoint ({', '.join(map(str, archs))}), which convert-drafter does not convert",
-                              hint="convert it with llama.cpp's convert_hf_to_gguf.py (DSparkModel); localflash runs the GGUF with --spec dflash")
+                              hint="convert it with localflash.formats.dspark_hf.hf_to_gguf (what convert-drafter runs)")
     if not any("dflash" in str(a).lower() for a in archs) and "dflash_config" not in config:
         what = ", ".join(map(str, archs)) or config.get("model_type") or "unknown"
         raise LocalflashError(

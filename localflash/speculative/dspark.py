@@ -104,6 +104,20 @@ class DSparkDrafter(DFlashDrafter):
         """DFlash's block of ``block_size`` tokens whichever the layout: anchor-first reads all of its rows."""
         return [history[-1]] + [self.mask] * (self.block_size - 1)
 
+    def propose(self, history: list[int], n_past: int, k: int) -> list[int]:
+        """DFlash's propose over DSpark's block (its base inlines ``block_size - 1`` masks after the anchor:
+        an anchor-first file has one draft row more, so the block here stays ``block_size`` long)."""
+        k = min(k, self.max_draft)
+        if k <= 0 or self.n_injected != n_past:
+            return []
+        if self.n_held:
+            self.catch_up()
+        self.asked = True
+        self.ctx.decode(self.block(history), n_past, "all")
+        drafts = self.read(k)
+        self.ctx.seq_rm(n_past)
+        return drafts
+
     def _rows(self, k: int) -> tuple[np.ndarray, np.ndarray | None]:
         lo = self.first_row
         logits = self.ctx.all_logits()[lo : lo + k]

@@ -176,25 +176,35 @@ class Stats:
 
 FAR_BELOW = 0.5  # a measured acceptance under half its reference is "far below" it
 GUARD_MIN_DRAFTED = 64  # drafted tokens before the guard judges a run (fewer: noise)
+GUARD_MIN_EXPECTED = 8  # and enough that the reference would have accepted this many (a 2% reference: 400 drafted)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%" if x >= 0.1 else f"{100 * x:.1f}%"
 
 
 def acceptance_guard(st: Stats, drafter_kv: str = "f16", target_kv: str = "f16", expected: float | None = None,
-                     f16_acceptance: float | None = None, min_drafted: int = GUARD_MIN_DRAFTED) -> str:
-    """One line when the run's measured acceptance is far below a reference, naming the likely cause and the fix; "" if not.
+                     f16_acceptance: float | None = None, min_drafted: int = GUARD_MIN_DRAFTED, pair: str | None = None) -> str:
+    """One line when the run's measured acceptance is far below a reference, naming which comparison fired, the
+    likely cause and the fix; "" if not.
 
-    References: the drafter's own acceptance with f16 caches (``f16_acceptance``) and the pair's expected value
-    (``expected``, models.toml ``acceptance``: measured with f16 caches, benchmarks/drafter/kv_acceptance.py).
+    References, checked in this order: the drafter's own acceptance with f16 caches (``f16_acceptance``) and the
+    pair's expected value (``expected``, models.toml ``acceptance`` of ``pair``: measured with f16 caches,
+    greedy, fixed draft length, benchmarks/drafter/kv_acceptance.py). A reference is judged only once the run
+    drafted ``min_drafted`` tokens and enough that the reference would have accepted ``GUARD_MIN_EXPECTED``.
     The cause named: a quantized drafter cache first (upstream, a quantized draft cache took DFlash from 99% to
     0-2% acceptance, llama.cpp #25725), then a quantized target cache, else a drafter that does not fit the text.
     """
     if st.drafter == "none" or st.drafted < min_drafted:
         return ""
-    for ref, what in ((f16_acceptance, "its acceptance with f16 caches"), (expected, "this pair's expected")):
-        if ref and st.acceptance < FAR_BELOW * ref:
+    where = f" (models.toml acceptance of pair {pair})" if pair else " (models.toml acceptance)"
+    for ref, what in ((f16_acceptance, "its own acceptance with f16 caches"), (expected, "this pair's expected acceptance")):
+        if ref and st.drafted * ref >= GUARD_MIN_EXPECTED and st.acceptance < FAR_BELOW * ref:
             break
     else:
         return ""
-    got = f"{st.drafter} acceptance {100 * st.acceptance:.1f}% ({st.accepted}/{st.drafted}) is far below {what} {100 * ref:.0f}%"
+    got = (f"{st.drafter} acceptance {100 * st.acceptance:.1f}% ({st.accepted}/{st.drafted}) is far below {what} {_pct(ref)}"
+           + (where if ref is expected else ""))
     if drafter_kv != "f16":
         return f"{got}: the drafter's {drafter_kv} KV cache is the likely cause; rerun with --kv-drafter f16"
     if target_kv != "f16":

@@ -189,13 +189,3 @@ def test_dspark_greedy_and_seeded_sampling_equal_plain_in_one_stream_slots_and_t
         assert name == "dspark" and (mode.get("fixed") is False or accepted > 0), (mode, name, accepted, drafted)
         assert greedy == plain_greedy, f"{mode['label']}: greedy differs from plain"
         assert sampled == plain_sampled, f"{mode['label']}: seeded sampling differs from plain"
-
-
-def test_convert_drafter_refuses_a_dspark_checkpoint_in_one_line(lf, tiny_target, tmp_path):
-    """HF DSpark checkpoints (DSparkDraftModel: markov_head.*, confidence_head.proj) are public; this converter does
-    not take them yet and says where to convert them."""
-    hf = tmp_path / "dspark-hf"
-    hf.mkdir()
-    (hf / "config.json").write_text(json.dumps({"architectures": ["DSparkDraftModel"], "hidden_size": 64}))
-    r = lf("convert-drafter", hf, tmp_path / "x.gguf", "--target", tiny_target)
-    assert r.returncode != 0 and "is a DSpark checkpoint" in r.stderr and "convert_hf_to_gguf.py" in r.stderr

@@ -77,7 +77,35 @@ def test_run_prints_the_guard_line_when_acceptance_is_far_below_the_pairs_expect
     r = lf("run", "--pair", "tiny", "--kv-drafter", "q4_0", "--fixed", "-n", "96", "-t", "1", "the river a garden of quiet stone")
     assert r.returncode == 0, r.stderr
     warn = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
-    assert len(warn) == 1 and "dspark acceptance" in warn[0] and "expected 90%" in warn[0] and "--kv-drafter f16" in warn[0]
+    assert len(warn) == 1 and "dspark acceptance" in warn[0] and "this pair's expected acceptance 90% (models.toml acceptance of pair tiny)" in warn[0] and "--kv-drafter f16" in warn[0]
     r = lf("run", "--pair", "tiny", "--fixed", "-n", "96", "-t", "1", "the river a garden of quiet stone")
     warn = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
     assert len(warn) == 1 and "does not fit" in warn[0]  # f16 caches: the cause named is the drafter, not a cache
+
+
+def test_the_shipped_pairs_expect_the_f16_acceptance_measured_in_kv_acceptance_json():
+    from localflash.registry.pairs import get_pair
+
+    rows = json.loads((Path(__file__).parents[2] / "benchmarks/drafter/kv_acceptance.json").read_text())["rows"]
+    measured = {r["pair"].split(":")[0]: r["acceptance"] for r in rows if r["kv"] == r["kv_drafter"] == "f16"}
+    for name in ("demo", "demo-draft"):
+        assert get_pair(name).acceptance == pytest.approx(measured[name], abs=5e-4), name
+
+
+def test_the_run_guard_judges_a_run_by_its_pairs_models_toml_acceptance_and_says_so():
+    import localflash
+
+    with localflash.load(pair="demo", threads=1) as llm:  # models.toml: demo expects 2.0% (DFlash, f16 caches)
+        line = llm.acceptance_note(stats(1000, 2))
+        assert "0.2% (2/1000) is far below this pair's expected acceptance 2.0% (models.toml acceptance of pair demo)" in line
+        assert "with f16 caches: the drafter likely does not fit" in line
+        assert llm.acceptance_note(stats(1000, 15)) == ""  # 1.5%: not under half of 2.0%
+        assert llm.acceptance_note(stats(200, 0)) == ""  # a 2% reference would have accepted 4: too few to judge
+        assert llm.acceptance_note(stats(1000, 0, name="ngram")) == ""  # not the pair's drafter kind: not its figure
+
+
+def test_the_guard_says_which_reference_fired():
+    st = stats(600, 9)
+    assert "its own acceptance with f16 caches 55%" in acceptance_guard(st, f16_acceptance=0.55, expected=0.6, pair="p")
+    line = acceptance_guard(st, f16_acceptance=0.02, expected=0.6, pair="p")  # 1.5% is not far below 2%: the pair's fires
+    assert "this pair's expected acceptance 60% (models.toml acceptance of pair p)" in line
