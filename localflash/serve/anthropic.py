@@ -21,7 +21,7 @@ from sse_starlette import EventSourceResponse
 
 from localflash.serve.anthropic_wire import (THINK_CLOSE, THINK_OPEN, CountTokensRequest, MessageReply, MessagesRequest, chat_messages, chat_tools,
                                              error_body, messages_request, thinking_switch)
-from localflash.serve.assistant import constrain
+from localflash.serve.assistant import after_thinking, constrain
 from localflash.serve.errors import APIError, error_from
 from localflash.serve.toolcalls.grammar import tool_grammar
 from localflash.serve.worker import Job, QueueFull
@@ -144,13 +144,19 @@ def anthropic_router(llm, worker, metrics, model_id: str, style) -> APIRouter:
     def forced_calls(body: MessagesRequest, params: dict):
         """The thinking default, and ``tool_choice`` any / tool as the chat route's required / named (a grammar in the
         model's call format); the reply's tool-call parser (None without tools)."""
-        if "thinking" not in params and style.options.thinking is not None and style.can_think:
+        asked_thinking = "thinking" in params
+        if not asked_thinking and style.options.thinking is not None and style.can_think:
             params["thinking"] = style.options.thinking
         tools = params["tools"]
         choice = body.tool_choice
         if tools and choice is not None and choice.type in ("any", "tool"):
-            constrain(params, tool_grammar(style.format.name, tools, choice.name if choice.type == "tool" else None,
-                                           parallel=not choice.disable_parallel_tool_use), llm)
+            if style.thinks and not asked_thinking and style.opens_thinking(params.get("thinking")) and not style.opens_thinking(False):
+                params["thinking"] = False  # as the chat route: no thinking before a forced call unless asked
+            grammar = tool_grammar(style.format.name, tools, choice.name if choice.type == "tool" else None,
+                                   parallel=not choice.disable_parallel_tool_use)
+            if style.thinks and style.opens_thinking(params.get("thinking")):
+                grammar = after_thinking(grammar)
+            constrain(params, grammar, llm)
         return style.format.stream(tools) if tools else None
 
     @router.post("/v1/messages/count_tokens")

@@ -93,17 +93,25 @@ class ChatStyle:
 
     def plan(self, body: S.ChatCompletionRequest, params: dict, llm) -> ReplyPlan:
         """Fill in the thinking default and a forced call's grammar; say how the reply is read."""
-        if "thinking" not in params and self.options.thinking is not None and self.can_think:
+        asked_thinking = "thinking" in params  # the request's own chat_template_kwargs.enable_thinking
+        if not asked_thinking and self.options.thinking is not None and self.can_think:
             params["thinking"] = self.options.thinking
         tools = params.get("tools")
         choice = body.tool_choice
-        if tools and (choice == "required" or isinstance(choice, S.NamedToolChoice)):
+        forced = bool(tools) and (choice == "required" or isinstance(choice, S.NamedToolChoice))
+        if forced and self.thinks and not asked_thinking and self.opens_thinking(params.get("thinking")) \
+                and not self.opens_thinking(False):
+            params["thinking"] = False  # a forced call starts at the first token: no thinking block before it unless asked
+        if forced:
             name = choice.function.get("name") if isinstance(choice, S.NamedToolChoice) else None
             if isinstance(choice, S.NamedToolChoice) and not isinstance(name, str):
                 raise APIError(400, "tool_choice.function.name must name one of the tools", param="tool_choice")
             if name is not None and name not in {t["function"]["name"] for t in tools}:
                 raise APIError(400, f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
-            constrain(params, tool_grammar(self.format.name, tools, name, parallel=body.parallel_tool_calls is not False), llm)
+            grammar = tool_grammar(self.format.name, tools, name, parallel=body.parallel_tool_calls is not False)
+            if self.thinks and self.opens_thinking(params.get("thinking")):
+                grammar = after_thinking(grammar)  # the prompt opened <think>: the call follows its close
+            constrain(params, grammar, llm)
         elif choice == "required" or isinstance(choice, S.NamedToolChoice):
             raise APIError(400, "tool_choice 'required' or a named function needs tools", param="tool_choice")
         reasoning = getattr(body, "reasoning_format", None) or self.options.reasoning
@@ -113,6 +121,18 @@ class ChatStyle:
         if reasoning != "none" and self.thinks:
             opened = self.opens_thinking(params.get("thinking"))
         return ReplyPlan(self.format if tools else None, tools, opened)
+
+
+# text that does not contain </think> (then the tag, then the call)
+THINK_TEXT = ('think-text ::= ( [^<] | "<" [^/] | "</" [^t] | "</t" [^h] | "</th" [^i] | "</thi" [^n] | "</thin" [^k] '
+              '| "</think" [^>] )*')
+
+
+def after_thinking(grammar: str) -> str:
+    """``grammar`` (GBNF, start rule ``root``) after a thinking block the prompt opened: its text, ``</think>``, then the call."""
+    lines = grammar.splitlines()
+    lines = ["forced-root ::=" + ln[len("root ::="):] if ln.startswith("root ::=") else ln for ln in lines]
+    return "\n".join(['root ::= think-text "</think>" [\n]* forced-root', THINK_TEXT, *lines]) + "\n"
 
 
 def constrain(params: dict, grammar: str, llm) -> None:

@@ -48,7 +48,7 @@ class Info(BaseModel):
     drafter_file: str | None = None
     draft_max: int = Field(..., description="Longest draft per cycle (0: plain decoding).")
     adaptive: bool = Field(..., description="The draft length follows measured acceptance and costs.")
-    n_ctx: int = Field(..., description="Context of each slot.")
+    n_ctx: int = Field(..., description="Context one request may use: the whole pool with a unified KV pool, else each slot's share.")
     threads: int = Field(..., description="CPU threads asked for (0: automatic).")
     thinking: bool = Field(..., description="The chat template has a thinking switch (chat_template_kwargs.enable_thinking).")
     slots: Slots

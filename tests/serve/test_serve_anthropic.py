@@ -160,7 +160,8 @@ def test_a_call_in_the_reply_is_a_tool_use_block_streamed_and_whole(server):
     ({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),  # required
     ({"model": "m", "max_tokens": 8, "messages": []}, "messages"),
     ({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "image"),
-    ({"model": "m", "max_tokens": 8, "tools": TOOLS, "tool_choice": {"type": "any"}, "messages": [{"role": "user", "content": "hi"}]}, "tool_choice"),
+    ({"model": "m", "max_tokens": 8, "tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}, "messages": [{"role": "user", "content": "hi"}]}, "tool_choice"),
+    ({"model": "m", "max_tokens": 8, "tool_choice": {"type": "any"}, "messages": [{"role": "user", "content": "hi"}]}, "needs tools"),
     ({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "word " * 3000}]}, "holds"),  # longer than the context
     ({"model": "m", "max_tokens": 8, "temperature": 3, "messages": [{"role": "user", "content": "hi"}]}, "temperature"),
 ])
@@ -171,6 +172,18 @@ def test_bad_inputs_get_anthropic_shaped_400s(server, body, needle):
     assert e.value.status_code == 400
     assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "invalid_request_error"
     assert needle in e.value.body["error"]["message"]
+
+
+def test_tool_choice_any_and_a_named_tool_force_a_tool_use_block(server):
+    """tool_choice any / tool: the call is forced by the chat route's grammar in the model's call format, so even the
+    random tiny model answers with a tool_use block of the named tool and stop_reason tool_use."""
+    ac, _ = _clients(server)
+    name = TOOLS[0]["name"]
+    for choice in ({"type": "any"}, {"type": "tool", "name": name}):
+        m = ac.messages.create(model="m", max_tokens=200, tools=TOOLS, tool_choice=choice, extra_body=GREEDY, thinking=OFF,
+                               messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+        uses = [b for b in m.content if b.type == "tool_use"]
+        assert uses and uses[0].name == name and m.stop_reason == "tool_use", m
 
 
 def test_not_json_is_an_anthropic_shaped_400(server):

@@ -187,6 +187,15 @@ def test_a_drafter_that_never_pays_probes_on_one_slot_in_turn(files):
     opts = _options(files, "dflash") | {"exact": False, "fixed": False, "ctx": 4096}
     with load(**opts, parallel=2) as llm:
         pool, asked = llm.pool, []
+        # a modelled clock (advanced only inside llama_decode), so what the policy measures does not hang on the host's
+        # load: a target decode costs 1 + 0.01 a row (rows nearly free, as on a GPU), a drafter decode 0.5
+        clock = [0.0]
+        pool.clock = lambda: clock[0]
+        for ctx, cost in ((pool.ctx, lambda n: 1.0 + 0.01 * n), (pool.group.ctx, lambda n: 0.5)):
+            def run(raw, n, inner=ctx._run, cost=cost):
+                inner(raw, n)
+                clock[0] += cost(n)
+            ctx._run = run
         propose = pool.group.propose
 
         def watched(asks):
