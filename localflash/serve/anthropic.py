@@ -23,6 +23,7 @@ from localflash.serve.anthropic_wire import (THINK_CLOSE, THINK_OPEN, CountToken
                                              error_body, messages_request, thinking_switch)
 from localflash.serve.assistant import after_thinking, constrain
 from localflash.serve.errors import APIError, error_from
+from localflash.serve.events import until_event
 from localflash.serve.toolcalls.grammar import tool_grammar
 from localflash.serve.worker import Job, QueueFull
 
@@ -50,24 +51,6 @@ def anthropic_router(llm, worker, metrics, model_id: str, style) -> APIRouter:
             parts = [f"{'.'.join(str(x) for x in err.get('loc', ())) or 'body'}: {err.get('msg')}" for err in errs[:4]]
             raise APIError(400, "; ".join(parts) + (f" (+{len(errs) - 4} more)" if len(errs) > 4 else ""))
 
-    async def next_event(job: Job, request: Request) -> tuple:
-        """The job's next event; a client that leaves meanwhile cancels the job."""
-        getter = asyncio.ensure_future(job.events.get())
-        watcher = asyncio.ensure_future(_wait_disconnect(request))
-        try:
-            done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if getter in done:
-                return getter.result()
-            job.cancel.set()
-            return await getter
-        except asyncio.CancelledError:
-            job.cancel.set()
-            raise
-        finally:
-            watcher.cancel()
-            if not getter.done():
-                getter.cancel()
-
     @router.post("/v1/messages")
     async def messages(request: Request):
         try:
@@ -79,7 +62,7 @@ def anthropic_router(llm, worker, metrics, model_id: str, style) -> APIRouter:
                 worker.submit(job)
             except QueueFull as e:
                 raise APIError(503, f"the server is busy: {e}", headers={"Retry-After": str(e.retry_after)})
-            first = await next_event(job, request)
+            first = await until_event(job, request)
             if first[0] == "error":
                 raise error_from(first[1])
         except APIError as e:
@@ -135,7 +118,7 @@ def anthropic_router(llm, worker, metrics, model_id: str, style) -> APIRouter:
             elif kind == "done":
                 last = val or last
                 break
-            ev = await next_event(job, request)
+            ev = await until_event(job, request)
         reply.flush()
         if last is None or last.finish_reason == "cancelled":
             raise APIError(503, "the request was cancelled (the server is stopping)")
@@ -184,11 +167,4 @@ def _phase_before(chunk) -> str:
 
 def _event(obj: dict) -> dict:
     return {"event": obj["type"], "data": json.dumps(obj, ensure_ascii=False)}
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        msg = await request.receive()
-        if msg["type"] == "http.disconnect":
-            return
 

@@ -23,6 +23,7 @@ from localflash.serve import schemas as S
 from localflash.serve.assistant import ChatStyle, ReplyOptions
 from localflash.serve.anthropic import anthropic_router
 from localflash.serve.errors import APIError, error_from, install_error_handlers
+from localflash.serve.events import until_event
 from localflash.serve.messages import chat_request, check_common, completion_request
 from localflash.serve.metrics import Metrics
 from localflash.serve.replies import ChatReply, CompletionReply, finish_reason, new_id, provenance, timings
@@ -84,24 +85,6 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
         if first[0] == "error":
             raise error_from(first[1])
         return job, first  # ("started", None): streamed replies send headers now, pings cover a long prefill
-
-    async def until_event(job: Job, request: Request) -> tuple:
-        """The job's next event; a client that leaves meanwhile cancels the job."""
-        getter = asyncio.ensure_future(job.events.get())
-        watcher = asyncio.ensure_future(_wait_disconnect(request))
-        try:
-            done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if getter in done:
-                return getter.result()
-            job.cancel.set()
-            return await getter  # the worker still answers (cancelled or skipped)
-        except asyncio.CancelledError:
-            job.cancel.set()
-            raise
-        finally:
-            watcher.cancel()
-            if not getter.done():
-                getter.cancel()
 
     async def events(job: Job, first: tuple):
         """Yield the job's events from ``first`` on; stop at done/error."""
@@ -249,10 +232,3 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
 
 def _data(obj: dict) -> str:
     return json.dumps(obj, ensure_ascii=False)
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        msg = await request.receive()
-        if msg["type"] == "http.disconnect":
-            return
