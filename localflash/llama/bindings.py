@@ -56,7 +56,8 @@ def short_omp_spin(environ=None, loaded: bool | None = None) -> str | None:
     step between decodes, a worker per request, the event loop writing each token) and the
     clients: a spinning thread holds a core they need, and a compute thread they push off its
     core leaves its partner spinning at the next barrier. With ``-t`` = the cores, that costs
-    more than the compute itself (profile_serve_threads.py: CPU per decode 3-4x the work).
+    more than the compute itself (benchmarks/serve/profile_serve_threads.py, 4 clients on 2 busy cores:
+    605 ms CPU per generated token at libgomp's default, 67-81 ms at this one; llama-server 82 at this one).
     libgomp reads GOMP_SPINCOUNT once, when llama.cpp's library loads: this must run before
     :func:`lib` (``loaded``: whether it has; default: ``llama_cpp`` imported). Returns the value
     set, or None where GOMP_SPINCOUNT / OMP_WAIT_POLICY is already in ``environ`` or it is too late.
