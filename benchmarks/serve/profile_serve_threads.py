@@ -27,8 +27,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vs_llama_server import LlamaServer, run_clients  # noqa: E402
+from bench_vs_llama_server import LlamaServer, run_clients  # this script's folder is sys.path[0]
 
 TICK = os.sysconf("SC_CLK_TCK")
 
