@@ -46,6 +46,8 @@ def run(self, raw, n):
     finally:
         acc["decode_wall"] += time.perf_counter() - w; acc["decode_cpu"] += time.thread_time() - c
         acc["decodes"] += 1; acc["rows"] += n
+        name = "rows:" + self.model.path.name  # rows each model decoded (a drafter's intake shows here)
+        acc[name] = acc.get(name, 0) + n
 rt.Context._run = run
 import localflash.speculative.slots as sl
 _step = sl.SlotPool._step
@@ -144,11 +146,14 @@ def diff(a: dict, b: dict, tokens: int, wall: float) -> dict:
         if d > 0.05:
             busy.append((name, tid, round(d, 2)))
     acc = {k: b["acc"][k] - a["acc"].get(k, 0) for k in b["acc"]}
+    rows_by_model = {k[5:]: v for k, v in acc.items() if k.startswith("rows:")}
     total = sum(per_kind.values())
     out = {"gomp_spincount": b.get("spin", "?"), "tokens": tokens, "wall_s": round(wall, 2), "agg_tok_s": round(tokens / wall, 2), "cpu_s": round(total, 2),
            "cpu_ms_per_token": round(1000 * total / tokens, 1),
            "cpu_ms_per_token_by_kind": {k: round(1000 * v / tokens, 1) for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1])},
            "busy_threads": sorted(busy, key=lambda x: -x[2])}
+    if rows_by_model:
+        out["rows_by_model"] = rows_by_model
     if acc.get("steps"):
         s = acc["steps"]
         out["pool"] = {"steps": s, "decodes": acc["decodes"], "rows_per_decode": round(acc["rows"] / max(1, acc["decodes"]), 2),
