@@ -61,6 +61,14 @@ def load(pair: str | None = None, *, draft: str = "on", **options) -> "LLM":
     return open_llm(config_from_options(pair=pair, **options), draft=draft)
 
 
+def short_thread_spin() -> str | None:
+    """For a server process, before it loads llama.cpp: compute threads that wait sleep soon
+    (``llama.bindings.short_omp_spin``: GOMP_SPINCOUNT unless the user set one); returns the value set."""
+    from localflash.llama.bindings import short_omp_spin
+
+    return short_omp_spin()
+
+
 def open_llm(cfg, draft: str = "on") -> "LLM":
     """An LLM from a ready ``config.RunConfig`` (the CLI's path)."""
     from localflash.engine import open_engine

@@ -192,13 +192,15 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--requests", type=int, default=1, help="requests each client sends, one after the other")
     ap.add_argument("--slots", type=int, default=4, help="-np / --parallel of both servers")
-    ap.add_argument("--ctx", type=int, default=8192)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx", "-c", type=int, default=8192)
+    ap.add_argument("--threads", "-t", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--draft-max", type=int, default=8)
     ap.add_argument("--fixed", action="store_true", help="localflash drafts a fixed length (as llama-server does), not its adaptive one")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--peer", default=None, help="the llama-server binary (default peer/bin/llama-server, built when missing)")
+    ap.add_argument("--lf-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment of the localflash server (repeatable; e.g. GOMP_SPINCOUNT=300000, libgomp's default spin)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     binary = peer_binary(args.peer)
@@ -210,7 +212,8 @@ def main(argv=None) -> int:
         lf_args, ls_args = server_args(mode, args, target, dflash, draft)
         servers = {}
         try:  # both up at once (an idle server waits without CPU)
-            servers["localflash"] = LiveServer(*lf_args, log=work / f"localflash-{mode}.log")
+            lf_env = dict(os.environ, **dict(kv.split("=", 1) for kv in args.lf_env)) if args.lf_env else None
+            servers["localflash"] = LiveServer(*lf_args, log=work / f"localflash-{mode}.log", env=lf_env)
             servers["llama-server"] = LlamaServer(binary, ls_args, work / f"llama-server-{mode}.log")
             for s in servers.values():  # warm-up (localflash: the step policy's calibration)
                 run_clients(s.url, s.model, 1, 1, 8)

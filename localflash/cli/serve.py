@@ -36,6 +36,9 @@ def serve(
     from localflash.config import check_parallel
 
     cfg = check_parallel(replace(load.config(), parallel=parallel))
+    from localflash.api import short_thread_spin
+
+    short_thread_spin()  # compute threads that wait sleep soon: the server's own threads share the cores (before llama.cpp loads)
     if cfg.rpc:  # llama.cpp aborts the process on a lost RPC server: keep the engine in a child process
         from localflash.serve.isolated import IsolatedLLM
 

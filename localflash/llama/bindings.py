@@ -42,6 +42,37 @@ def lib():
     return llama_cpp
 
 
+# OpenMP's spin before a waiting compute thread sleeps, as the server sets it (GOMP_SPINCOUNT, in pause loops):
+# ~0.1-0.2 ms, longer than a barrier waits on a free core, far shorter than libgomp's default 300,000 (~10+ ms)
+SERVER_OMP_SPIN = 3000
+
+
+def short_omp_spin(environ=None, loaded: bool | None = None) -> str | None:
+    """Make llama.cpp's OpenMP threads sleep soon when they wait (``localflash serve``), unless the user chose.
+
+    ggml's CPU backend runs a graph on an OpenMP team whose threads wait at a barrier after every
+    node and, between decodes, for the next graph; libgomp spins ~300,000 pause loops (10+ ms)
+    before it sleeps. In a server the same cores also run its Python threads (the slot pool's
+    step between decodes, a worker per request, the event loop writing each token) and the
+    clients: a spinning thread holds a core they need, and a compute thread they push off its
+    core leaves its partner spinning at the next barrier. With ``-t`` = the cores, that costs
+    more than the compute itself (benchmarks/serve/profile_serve_threads.py, 4 clients on 2 busy cores:
+    605 ms CPU per generated token at libgomp's default, 67-81 ms at this one; llama-server 82 at this one).
+    libgomp reads GOMP_SPINCOUNT once, when llama.cpp's library loads: this must run before
+    :func:`lib` (``loaded``: whether it has; default: ``llama_cpp`` imported). Returns the value
+    set, or None where GOMP_SPINCOUNT / OMP_WAIT_POLICY is already in ``environ`` or it is too late.
+    """
+    import os
+    import sys
+
+    environ = os.environ if environ is None else environ
+    loaded = "llama_cpp" in sys.modules if loaded is None else loaded
+    if loaded or "GOMP_SPINCOUNT" in environ or "OMP_WAIT_POLICY" in environ:
+        return None
+    environ["GOMP_SPINCOUNT"] = str(SERVER_OMP_SPIN)
+    return environ["GOMP_SPINCOUNT"]
+
+
 def set_verbose(verbose: bool) -> None:
     """Show llama.cpp's own log on stderr (``--verbose``) or keep it quiet."""
     _state.verbose = verbose
