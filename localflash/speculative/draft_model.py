@@ -47,6 +47,7 @@ class DraftModelDrafter(Drafter):
     """
 
     name = "draft"
+    lazy_prompt = True  # a lagging cache is caught up by the next draft, within CATCH_UP_MAX tokens
 
     def __init__(self, model: Model, target: Model, n_ctx: int, max_draft: int = 8, p_min: float = 0.0, n_threads: int = 0,
                  group: "DraftModelGroup | None" = None, seq: int = 0, kv: str = "f16"):

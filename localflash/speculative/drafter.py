@@ -19,6 +19,8 @@ class Drafter:
     max_draft = 0
     cost_grows_with_length = True  # False when one forward drafts the whole block (DFlash)
     ctx_limit = 1 << 30  # positions the drafter's own cache can hold; past it, no drafting
+    lazy_prompt = False  # True: its cache may lag the text (the next draft catches up), so a slot pool that is
+    # not drafting leaves a joining prompt out of it rather than decode it for nothing
 
     def rollback(self, n_keep: int) -> None:
         """Forget everything at positions >= ``n_keep``."""

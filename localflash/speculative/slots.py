@@ -378,7 +378,8 @@ class SlotPool:
         """The joining prompt is in: sample and emit its first token; the request decodes from the next step."""
         req, st = slot.request, slot.request.stats
         last = req.sample(slot.ctx.logits(-1))
-        slot.drafter.on_prompt(req.prompt)
+        if not (self.policy.off and slot.drafter.lazy_prompt):  # drafting off: a draft model need not take the prompt in
+            slot.drafter.on_prompt(req.prompt)
         req.fill = None
         st.t_prefill = self.clock() - req.t_fill
         st.prompt_tokens = len(req.prompt)

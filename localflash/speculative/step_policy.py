@@ -51,6 +51,11 @@ class StepPolicy:
         self.probe_turn = 0
         self.last_choice = 0
 
+    @property
+    def off(self) -> bool:
+        """Whether the adaptive policy measured drafting and chose plain steps since its last drafting step."""
+        return self.adaptive and self.cycles_off > 0
+
     @staticmethod
     def rows(limits: list[int], k: int) -> int:
         return sum(1 + min(k, lim) for lim in limits)

@@ -78,3 +78,38 @@ def test_dear_draft_model_decodes_make_the_pools_steps_plain(tiny_target):
 def test_free_draft_model_decodes_let_the_same_pool_draft(tiny_target):
     steps = _steps(tiny_target, draft_decode=0.0)
     assert sum(1 for k, _ in steps if k) >= 0.8 * len(steps), steps
+
+
+def test_prompts_that_join_while_drafting_is_off_are_not_decoded_into_the_draft_model(tiny_target):
+    """Once the pool has chosen plain steps, a joining prompt is left out of the draft cache (the next draft,
+    a probe, catches up within a window): before, every prompt cost the draft model its whole length."""
+    long_prompts = [" ".join([p] * 12) for p in PROMPTS]
+    with load(model=str(tiny_target), drafter=str(tiny_target), spec="draft", parallel=4, threads=1, ctx=1024, draft_max=4) as llm:
+        pool = llm.pool
+        clock = ModelClock()
+        pool.clock = clock
+        draft_rows = []
+        _charge(pool.ctx, clock, lambda n: 1.0 + 0.01 * n)
+        _charge(pool.group.ctx, clock, lambda n: draft_rows.append(n) or 2.0)
+
+        def wave(prompts):
+            outs = [None] * len(prompts)
+
+            def go(i):
+                outs[i] = llm.start(prompts[i], raw=True, max_tokens=24, slot=i).completion()
+
+            threads = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert all(o is not None and o.token_ids for o in outs)
+            return outs
+
+        wave(PROMPTS)  # the pool measures drafting once, then turns it off
+        assert pool.policy.off
+        before = len(draft_rows)
+        outs = wave(long_prompts)
+        taken_in = sum(draft_rows[before:])
+    prompt_tokens = sum(o.prompt_tokens for o in outs)
+    assert prompt_tokens > 200 and taken_in < prompt_tokens / 2, (taken_in, prompt_tokens)
