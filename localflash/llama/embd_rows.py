@@ -54,6 +54,7 @@ class EmbdRows:
                 if row == cap or (off == n and item is last):
                     b.logits[:row] = 0
                     b.raw.n_tokens = row
+                    self._outs_next = (0, False)
                     self._run(b.raw, row)
                     row = 0
         self._n_out = 0
