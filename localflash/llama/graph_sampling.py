@@ -137,7 +137,7 @@ class InGraphSampling:
         """:meth:`sampled` of output rows ``lo..hi-1`` (a DFlash block's drafts): one read of the ids where every row
         of the last decode was an output (``outputs.py``), else one binding call a row."""
         view = self._sampled_view()
-        if view is not None and self._outs[1] and hi <= len(view):
+        if view is not None and self._outs[1] and hi <= self._outs[0]:
             toks = view[lo:hi].tolist()
         else:
             get, ptr = lib().llama_get_sampled_token_ith, self.ptr

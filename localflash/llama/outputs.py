@@ -38,10 +38,9 @@ class OutputBuffer:
         self._get_start = lib_address("llama_get_logits")
 
     def _out_addr(self) -> int:
-        """The output buffer's start (one ctypes call a decode; it also puts reordered rows back in batch order)."""
-        a = self._out_start
-        if not a:
-            a = self._out_start = self._get_start(self.ptr) or 0
+        """The output buffer's start (one ctypes call a decode, read as ``self._out_start or self._out_addr()``; the
+        call also puts reordered rows back in batch order)."""
+        a = self._out_start = self._get_start(self.ptr) or 0
         return a
 
     def _floats_before(self, n_alloc: int) -> tuple[int, int]:
@@ -57,8 +56,7 @@ class OutputBuffer:
         outs = self._outs
         if outs is None or self._graph_key is None:
             return None
-        start = self._out_addr()
-        key = (start, outs[0], len(self._taps), self._nextn)
+        key = (self._out_start or self._out_addr(), outs[0], len(self._taps), self._nextn)
         v = self._layouts.get(key)
         if v is None:
             v = self._check_sampled(key, outs)
@@ -88,8 +86,7 @@ class OutputBuffer:
         outs = self._outs
         if outs is None:
             return None
-        start = self._out_addr()
-        key = (start, outs[0], tuple(layer_ids), n_rows, len(self._taps), self._nextn)
+        key = (self._out_start or self._out_addr(), outs[0], tuple(layer_ids), n_rows, len(self._taps), self._nextn)
         v = self._layouts.get(key)
         if v is None:
             v = self._check_layers(key, layer_ids, n_rows)

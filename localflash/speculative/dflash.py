@@ -309,9 +309,10 @@ class DFlashGroup(DrafterGroup):
 
     def propose(self, asks: list[Ask]) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in asks]
-        go = [(j, self.drafters[i], history, n_past, min(k, self.max_draft))
+        top, drafters = self.drafters[0].max_draft, self.drafters
+        go = [(j, drafters[i], history, n_past, k if k < top else top)
               for j, (i, history, n_past, k) in enumerate(asks)
-              if min(k, self.max_draft) > 0 and self.drafters[i].n_injected == n_past]
+              if k > 0 and top > 0 and drafters[i].n_injected == n_past]
         held = [(d.ctx, *item) for _j, d, _h, _n, _k in go for item in d.release()]
         if held:  # every drafting slot's held rows, in one decode before the drafts
             decode_embd_views(self.ctx, held)
