@@ -32,6 +32,7 @@ class OutputBuffer:
         self._out_start = 0  # the output buffer's start as of the last decode (0: not asked since)
         self._outs: tuple | None = None  # the last decode's (output rows, every row an output); None: not known
         self._outs_next: tuple | None = None  # set by the decode about to run (_run moves it to _outs)
+        self._out_graph = False  # the last decode ran with a chain attached (its buffer then holds sampled ids)
         self._taps: list[int] = []  # captured layer ids, ascending (their inputs lie in this order)
         self._nextn = 0  # nextn rows: 0 none, 1 output rows only (masked), 2 every row
         self._layouts: dict = {}  # layout key -> checked views (or False: read through the getters)
@@ -54,7 +55,7 @@ class OutputBuffer:
         """The in-graph chain's ids of the last decode's output rows (an int32 view by output row), or None where
         the layout is not known to hold them (read row by row then)."""
         outs = self._outs
-        if outs is None or self._graph_key is None:
+        if outs is None or not self._out_graph or self._graph_key is None:
             return None
         key = (self._out_start or self._out_addr(), outs[0], len(self._taps), self._nextn)
         v = self._layouts.get(key)

@@ -44,6 +44,9 @@ def test_sampled_ids_and_layer_inputs_come_from_the_buffer_start(tiny_target):
         ctx.sample_on_host()
         ctx.clear()
     assert ctx._sampled_view() is None  # no chain attached: no ids to read
+    ctx.decode([11, 12, 13], 0, "all")
+    assert ctx.sample_in_graph()
+    assert ctx._sampled_view() is None  # attached after that decode: its buffer holds no ids
     ctx.close()
 
 
