@@ -273,6 +273,7 @@ class DFlashDrafter(Drafter):
         else:
             self.ctx.decode(block, n_past, "all")
             ids, logp = top_candidates_rows(self.ctx.all_logits()[1 : k + 1], TOP_K)
+            ids, logp = ids.tolist(), logp.tolist()  # Python numbers: the walk reads one a node
             tree = best_first(history[-1], lambda depth, _: (ids[depth], logp[depth], None), budget, k)
         self.ctx.seq_rm(n_past)
         return tree
