@@ -166,11 +166,12 @@ class InGraphSampling:
                 while ids[i] == draft[i]:
                     i += 1
                 new = ids[: i + 1]
-        if not eog.isdisjoint(new):  # an end of generation ends the block at its first
-            i = 0
-            while new[i] not in eog:
-                i += 1
-            new = new[: i + 1]
+        i = 0
+        for t in new:  # an end of generation ends the block at its first (a set test a row, no call)
+            if t in eog:
+                new = new[: i + 1]
+                break
+            i += 1
         if LLAMA_TOKEN_NULL in new:
             return self._verify_rows(draft, eog)  # raises the clear error
         self.accept_sampled(new)

@@ -20,7 +20,6 @@ import ctypes
 import numpy as np
 
 from localflash.llama.bindings import ext_address, lib, lib_address
-from localflash.llama.views import address_view
 
 LLAMA_TOKEN_NULL = -1
 
@@ -35,14 +34,9 @@ class OutputBuffer:
         self._out_graph = False  # the last decode ran with a chain attached (its buffer then holds sampled ids)
         self._taps: list[int] = []  # captured layer ids, ascending (their inputs lie in this order)
         self._nextn = 0  # nextn rows: 0 none, 1 output rows only (masked), 2 every row
+        self._out_kind = (0, 0)  # (len(_taps), _nextn): the part of a layout key that changes only with them
         self._layouts: dict = {}  # layout key -> checked views (or False: read through the getters)
         self._get_start = lib_address("llama_get_logits")
-
-    def _out_addr(self) -> int:
-        """The output buffer's start (one ctypes call a decode, read as ``self._out_start or self._out_addr()``; the
-        call also puts reordered rows back in batch order)."""
-        a = self._out_start = self._get_start(self.ptr) or 0
-        return a
 
     def _floats_before(self, n_alloc: int) -> tuple[int, int]:
         """(floats before the first captured layer's inputs, floats before the sampled ids) for ``n_alloc`` output rows."""
@@ -57,9 +51,13 @@ class OutputBuffer:
         outs = self._outs
         if outs is None or not self._out_graph or self._graph_key is None:
             return None
-        key = (self._out_start or self._out_addr(), outs[0], len(self._taps), self._nextn)
-        v = self._layouts.get(key)
-        if v is None:
+        start = self._out_start
+        if not start:  # (inline: a helper would be one more Python call a read)
+            start = self._out_start = self._get_start(self.ptr) or 0
+        key = (start, outs[0], self._out_kind)
+        try:
+            v = self._layouts[key]
+        except KeyError:
             v = self._check_sampled(key, outs)
             if v is None:
                 return None
@@ -82,29 +80,33 @@ class OutputBuffer:
         self._remember(key, ok)
         return ok
 
-    def _layer_views(self, layer_ids, n_rows: int) -> list[np.ndarray] | None:
-        """:meth:`layer_inputs` from the output buffer's start alone, or None where the layout is not the known one."""
+    def _layer_addresses(self, layer_ids) -> tuple | None:
+        """The addresses of ``layer_ids``' inputs from the output buffer's start alone (checked once a layout), or None
+        where the layout is not the known one (:meth:`layer_inputs` then asks llama.cpp for each)."""
         outs = self._outs
         if outs is None:
             return None
-        key = (self._out_start or self._out_addr(), outs[0], tuple(layer_ids), n_rows, len(self._taps), self._nextn)
-        v = self._layouts.get(key)
-        if v is None:
-            v = self._check_layers(key, layer_ids, n_rows)
+        start = self._out_start
+        if not start:
+            start = self._out_start = self._get_start(self.ptr) or 0
+        key = (start, outs[0], tuple(layer_ids), self._out_kind)
+        try:
+            v = self._layouts[key]
+        except KeyError:
+            v = self._check_layers(key, layer_ids)
         return v if v is not False else None
 
-    def _check_layers(self, key, layer_ids, n_rows):
+    def _check_layers(self, key, layer_ids):
         start, n_out = key[0], key[1]
-        if not start or any(lid not in self._taps for lid in layer_ids):
+        if not start or not set(layer_ids) <= set(self._taps):
             return False
         n_embd = self.model.n_embd
         first = self._floats_before(max(n_out, self.n_seq_max))[0]
-        addresses = [start + 4 * (first + self._taps.index(lid) * n_embd * self.n_batch) for lid in layer_ids]
+        addresses = tuple([start + 4 * (first + self._taps.index(lid) * n_embd * self.n_batch) for lid in layer_ids])
         get = ext_address("llama_get_embeddings_layer_inp")
-        ok = addresses == [get(self.ptr, lid) for lid in layer_ids]
-        views = [address_view(a, (n_rows, n_embd)) for a in addresses] if ok else False
-        self._remember(key, views)
-        return views
+        ok = addresses if list(addresses) == [get(self.ptr, lid) for lid in layer_ids] else False
+        self._remember(key, ok)
+        return ok
 
     def _remember(self, key, value) -> None:
         if len(self._layouts) >= 256:

@@ -413,6 +413,7 @@ class Context(EmbdRows, RecurrentCache, InGraphSampling, OutputBuffer):
             ext().llama_set_embeddings_layer_inp(self.ptr, lid, True)
             if lid not in self._taps:
                 self._taps = sorted(self._taps + [lid])
+                self._out_kind = (len(self._taps), self._nextn)
 
     def layer_input(self, lid: int, n_rows: int) -> np.ndarray:
         """The input of layer ``lid`` for every token of the last decode: ``[n_rows, n_embd]`` view."""
@@ -420,11 +421,10 @@ class Context(EmbdRows, RecurrentCache, InGraphSampling, OutputBuffer):
 
     def layer_inputs(self, layer_ids, n_rows: int) -> list[np.ndarray]:
         """:meth:`layer_input` of each of ``layer_ids`` (cached views: read every cycle; from the output buffer's start, outputs.py)."""
-        views = self._layer_views(layer_ids, n_rows)
-        if views is not None:
-            return views
-        get, ptr = ext_address("llama_get_embeddings_layer_inp"), self.ptr
-        addresses = tuple([get(ptr, lid) for lid in layer_ids])
+        addresses = self._layer_addresses(layer_ids)  # no call into llama.cpp once the layout is known
+        if addresses is None:
+            get, ptr = ext_address("llama_get_embeddings_layer_inp"), self.ptr
+            addresses = tuple([get(ptr, lid) for lid in layer_ids])
         key = (addresses, n_rows)
         out = self._tap_views.get(key)
         if out is None:  # new buffers (llama.cpp grew them) or another row count: views made once
@@ -442,6 +442,7 @@ class Context(EmbdRows, RecurrentCache, InGraphSampling, OutputBuffer):
         """Make decodes output the graph's ``h_nextn`` rows: only output rows (``masked``) or every row."""
         ext().llama_set_embeddings_nextn(self.ptr, True, masked)
         self._nextn = 1 if masked else 2
+        self._out_kind = (len(self._taps), self._nextn)
 
     def nextn_rows(self, n_rows: int) -> np.ndarray:
         """The ``h_nextn`` rows of the last decode/encode: a ``[n_rows, n_embd]`` view."""

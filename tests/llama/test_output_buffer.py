@@ -33,10 +33,11 @@ def test_sampled_ids_and_layer_inputs_come_from_the_buffer_start(tiny_target):
                 assert view.tolist() == _ids(ctx, range(n))
                 assert ctx.sampled_rows(1, n) == _ids(ctx, range(1, n))
             assert int(view[-1]) == _ids(ctx, [-1])[0]
-            views = ctx._layer_views([1, 3], n)
-            assert views is not None
+            addresses = ctx._layer_addresses([1, 3])
+            assert addresses is not None
             get = ext_address("llama_get_embeddings_layer_inp")
-            assert [v.ctypes.data for v in views] == [get(ctx.ptr, 1), get(ctx.ptr, 3)]
+            assert list(addresses) == [get(ctx.ptr, 1), get(ctx.ptr, 3)]
+            assert [v.ctypes.data for v in ctx.layer_inputs([1, 3], n)] == list(addresses)
             assert ctx.layer_inputs([1, 3], n)[1].shape == (n, target.n_embd)
             draft = _ids(ctx, range(n))[:-1] if outputs == "all" else []
             assert ctx.verify_sampled(draft, frozenset()) == ctx._verify_rows(draft, frozenset())
