@@ -300,9 +300,9 @@ def old_verify_block(ctx, draft, sample, is_eog):
 
 
 def use_before() -> None:
-    from localflash.speculative import graph_sampler, loop
+    from localflash.speculative import grammar, loop
 
-    graph_sampler.Sampler = OldSampler
+    grammar.Sampler = OldSampler  # the host sampler host_sampler() makes
     loop.verify_block = old_verify_block
 
 
@@ -368,7 +368,7 @@ def _count(eng, prompt, n_tokens, sp, breakdown, Counter, Stats) -> float:
 def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) -> None:
     from localflash.llama import Context, ContextOptions, Model
     from localflash.llama.graph_sampling import logits_bytes_to_host
-    from localflash.speculative import graph_sampler, loop
+    from localflash.speculative import grammar, loop
     from localflash.engine import make_drafter
     from localflash.speculative.loop import Engine
     from localflash.speculative.sampling import SamplingParams
@@ -388,7 +388,7 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
     print(f"block {block:2d}: logits to host per cycle: {host_mb:.1f} MB (host rows: {block} x {target.n_vocab:,} x 4 B) "
           f"vs {graph_b} B (in graph: {block} token ids)", flush=True)
     out.append({"block": block, "logits_to_host_bytes_per_cycle": {"host": host_mb * 1e6, "graph": graph_b}})
-    real = (graph_sampler.Sampler, loop.verify_block)
+    real = (grammar.Sampler, loop.verify_block)
     try:
         for name in a.sampling.split(","):
             temp, top_k, top_p, min_p = SAMPLING[name]
@@ -433,7 +433,7 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
                     calls_timed = count_calls(eng, prompt, a.tokens, sp)
                     synth.set_reference(prompt + ref)
                     calls = count_calls(eng, prompt, a.tokens, sp, a.breakdown, untimed=(ctx, synth.inner.ctx))
-                graph_sampler.Sampler, loop.verify_block = real
+                grammar.Sampler, loop.verify_block = real
                 best = min(runs, key=lambda r: r["host_cpu"])  # interference only ever adds
                 cyc = best["cycles"]
                 host_us = 1e6 * best["host_cpu"] / cyc
@@ -464,7 +464,7 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
                 print(f"  {name}: kept set sizes over a 16-row verify batch: median {statistics.median(sizes):.0f}, max {max(sizes)}")
                 out.append({"block": block, "sampling": name, "kept_set_sizes": sizes})
     finally:
-        graph_sampler.Sampler, loop.verify_block = real
+        grammar.Sampler, loop.verify_block = real
         for eng, _, _ in engines.values():
             eng.drafter.close()
         ctx.close()

@@ -37,23 +37,23 @@ class EmbdRows:
             if b is not None:
                 b.close()
             b = self._embd_batch = Batch(self.n_batch, width, n_seq_max=self.n_seq_max)
+            b.logits[:] = 0  # no row of it is ever an output
         row, last, cap = 0, items[-1], self.n_batch
         for item in items:
             parts, start_pos, n, seq = item
             off = 0
             while off < n:
                 m = n - off if n - off < cap - row else cap - row
-                col = 0
-                for p in parts:
-                    w = p.shape[1]
-                    b.embd[row : row + m, col : col + w] = p[off : off + m]
-                    col += w
+                if len(parts) > 1:  # the parts side by side in one call (one numpy call per part costs more)
+                    np.concatenate([p[off : off + m] for p in parts], axis=1, out=b.embd[row : row + m])
+                else:
+                    b.embd[row : row + m] = parts[0][off : off + m]
                 np.add(b._steps[:m], start_pos + off, out=b.pos[row : row + m])
                 b.set_seq_range(seq, row, m)  # rows already in ``seq`` cost nothing (one stream: every cycle)
                 row, off = row + m, off + m
                 if row == cap or (off == n and item is last):
-                    b.logits[:row] = 0
                     b.raw.n_tokens = row
+                    self._outs_next = (0, False)
                     self._run(b.raw, row)
                     row = 0
         self._n_out = 0

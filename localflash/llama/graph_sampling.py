@@ -134,9 +134,14 @@ class InGraphSampling:
         return tok
 
     def sampled_rows(self, lo: int, hi: int) -> list[int]:
-        """:meth:`sampled` of output rows ``lo..hi-1`` (one binding for all: a DFlash block's drafts)."""
-        get, ptr = lib().llama_get_sampled_token_ith, self.ptr
-        toks = [get(ptr, i) for i in range(lo, hi)]
+        """:meth:`sampled` of output rows ``lo..hi-1`` (a DFlash block's drafts): one read of the ids where every row
+        of the last decode was an output (``outputs.py``), else one binding call a row."""
+        view = self._sampled_view()
+        if view is not None and self._outs[1] and hi <= self._outs[0]:
+            toks = view[lo:hi].tolist()
+        else:
+            get, ptr = lib().llama_get_sampled_token_ith, self.ptr
+            toks = [get(ptr, i) for i in range(lo, hi)]
         if LLAMA_TOKEN_NULL in toks:
             return [self.sampled(i) for i in range(lo, hi)]  # raises the clear error
         return toks
@@ -144,7 +149,36 @@ class InGraphSampling:
     def verify_sampled(self, draft: list[int], eog) -> list[int]:
         """The verify step on the in-graph ids: rows 0.. read until the first that differs from ``draft`` (or is in
         the set ``eog``); returns the committed tokens (accepted drafts + the target's own) and accepts them into the
-        chain. No draft: the last real row. Each row read is one ctypes call and no Python call."""
+        chain. No draft: the last real row. All rows' ids in one read (``outputs.py``), compared as lists: no
+        Python call per row."""
+        n = len(draft)
+        view = self._sampled_view()
+        if view is None or (n and not self._outs[1]) or (not n and self._last_row != -1):
+            return self._verify_rows(draft, eog)
+        if not n:
+            new = [int(view[-1])]
+        else:
+            ids = view[: n + 1].tolist()
+            if ids[:n] == draft:
+                new = ids
+            else:
+                i = 0
+                while ids[i] == draft[i]:
+                    i += 1
+                new = ids[: i + 1]
+        i = 0
+        for t in new:  # an end of generation ends the block at its first (a set test a row, no call)
+            if t in eog:
+                new = new[: i + 1]
+                break
+            i += 1
+        if LLAMA_TOKEN_NULL in new:
+            return self._verify_rows(draft, eog)  # raises the clear error
+        self.accept_sampled(new)
+        return new
+
+    def _verify_rows(self, draft: list[int], eog) -> list[int]:
+        """:meth:`verify_sampled` one binding call a row (a layout the output buffer's start does not give)."""
         get, ptr = lib().llama_get_sampled_token_ith, self.ptr
         n = len(draft)
         if not n:

@@ -22,6 +22,7 @@ from localflash.llama.views import address_view, float_view
 from localflash.llama.rpc import device_array, local_gpus
 from localflash.llama.embd_rows import EmbdRows
 from localflash.llama.graph_sampling import InGraphSampling
+from localflash.llama.outputs import OutputBuffer
 from localflash.llama.rollback import RecurrentCache, StateCheckpoint  # noqa: F401  (StateCheckpoint: re-exported)
 
 GGUF_MAGIC = b"GGUF"
@@ -248,7 +249,7 @@ class ContextOptions:
     mtp: bool = False  # an MTP context: runs the model's nextn block (LLAMA_CONTEXT_TYPE_MTP)
 
 
-class Context(EmbdRows, RecurrentCache, InGraphSampling):
+class Context(EmbdRows, RecurrentCache, InGraphSampling, OutputBuffer):
     """An inference context (KV cache, compute buffers) on one model, sequence 0 (its rows may be sampled in the graph)."""
 
     def __init__(self, model: Model, options: ContextOptions | None = None, other: "Context | None" = None):
@@ -283,6 +284,7 @@ class Context(EmbdRows, RecurrentCache, InGraphSampling):
         if not self.ptr:
             raise LocalflashError(f"llama.cpp could not create a context for {model.path.name}: {_last_error()}")
         self._init_graph_sampling()
+        self._init_outputs()
         self._free = self._finalizer()  # the context, then any sampler chain it holds
         self.min_rows = max(1, o.min_rows)
         self.n_ctx = L.llama_n_ctx(self.ptr) - (self.min_rows - 1)  # room for the padding row(s)
@@ -325,6 +327,7 @@ class Context(EmbdRows, RecurrentCache, InGraphSampling):
             b.pos[n : n + pad] = np.arange(start_pos + n, start_pos + n + pad, dtype=np.int32)
             b.logits[n : n + pad] = int(outputs != "none")
         b.raw.n_tokens = n + pad
+        self._outs_next = (n_out + pad, outputs == "all") if outputs != "none" else (0, False)
         self._run(b.raw, n + pad)
         self._last_start, self.end, self._rolled = start_pos, start_pos + n + pad, False  # (RecurrentCache._decoded)
         if pad:
@@ -353,6 +356,7 @@ class Context(EmbdRows, RecurrentCache, InGraphSampling):
         b.logits[:n] = outputs
         b.set_seqs(seqs)
         b.raw.n_tokens = n
+        self._outs_next = (n_out, n_out == n)
         self._run(b.raw, n)
         self._last_row = -1
         self._n_out = n_out
@@ -364,6 +368,9 @@ class Context(EmbdRows, RecurrentCache, InGraphSampling):
 
     def _run(self, raw, n: int) -> None:
         self.n_decodes += 1
+        self._out_start = 0  # (outputs.py) the output buffer is found again after each decode
+        self._outs, self._outs_next = self._outs_next, None  # a decode that does not say its outputs: read by the getters
+        self._out_graph = self._graph_key is not None  # its layout holds sampled ids only if a chain was attached
         rc = self._llama_decode(self.ptr, raw)
         if rc != 0:
             if rc == 1:
@@ -404,15 +411,20 @@ class Context(EmbdRows, RecurrentCache, InGraphSampling):
                     hint="the drafter was made for a deeper target",
                 )
             ext().llama_set_embeddings_layer_inp(self.ptr, lid, True)
+            if lid not in self._taps:
+                self._taps = sorted(self._taps + [lid])
+                self._out_kind = (len(self._taps), self._nextn)
 
     def layer_input(self, lid: int, n_rows: int) -> np.ndarray:
         """The input of layer ``lid`` for every token of the last decode: ``[n_rows, n_embd]`` view."""
         return self.layer_inputs((lid,), n_rows)[0]
 
     def layer_inputs(self, layer_ids, n_rows: int) -> list[np.ndarray]:
-        """:meth:`layer_input` of each of ``layer_ids`` (one binding, cached views: read every cycle)."""
-        get, ptr = ext_address("llama_get_embeddings_layer_inp"), self.ptr
-        addresses = tuple([get(ptr, lid) for lid in layer_ids])
+        """:meth:`layer_input` of each of ``layer_ids`` (cached views: read every cycle; from the output buffer's start, outputs.py)."""
+        addresses = self._layer_addresses(layer_ids)  # no call into llama.cpp once the layout is known
+        if addresses is None:
+            get, ptr = ext_address("llama_get_embeddings_layer_inp"), self.ptr
+            addresses = tuple([get(ptr, lid) for lid in layer_ids])
         key = (addresses, n_rows)
         out = self._tap_views.get(key)
         if out is None:  # new buffers (llama.cpp grew them) or another row count: views made once
@@ -429,6 +441,8 @@ class Context(EmbdRows, RecurrentCache, InGraphSampling):
     def output_nextn(self, masked: bool) -> None:
         """Make decodes output the graph's ``h_nextn`` rows: only output rows (``masked``) or every row."""
         ext().llama_set_embeddings_nextn(self.ptr, True, masked)
+        self._nextn = 1 if masked else 2
+        self._out_kind = (len(self._taps), self._nextn)
 
     def nextn_rows(self, n_rows: int) -> np.ndarray:
         """The ``h_nextn`` rows of the last decode/encode: a ``[n_rows, n_embd]`` view."""

@@ -273,6 +273,7 @@ class DFlashDrafter(Drafter):
         else:
             self.ctx.decode(block, n_past, "all")
             ids, logp = top_candidates_rows(self.ctx.all_logits()[1 : k + 1], TOP_K)
+            ids, logp = ids.tolist(), logp.tolist()  # Python numbers: the walk reads one a node
             tree = best_first(history[-1], lambda depth, _: (ids[depth], logp[depth], None), budget, k)
         self.ctx.seq_rm(n_past)
         return tree
@@ -309,9 +310,10 @@ class DFlashGroup(DrafterGroup):
 
     def propose(self, asks: list[Ask]) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in asks]
-        go = [(j, self.drafters[i], history, n_past, min(k, self.max_draft))
+        top, drafters = self.drafters[0].max_draft, self.drafters
+        go = [(j, drafters[i], history, n_past, k if k < top else top)
               for j, (i, history, n_past, k) in enumerate(asks)
-              if min(k, self.max_draft) > 0 and self.drafters[i].n_injected == n_past]
+              if k > 0 and top > 0 and drafters[i].n_injected == n_past]
         held = [(d.ctx, *item) for _j, d, _h, _n, _k in go for item in d.release()]
         if held:  # every drafting slot's held rows, in one decode before the drafts
             decode_embd_views(self.ctx, held)

@@ -20,7 +20,7 @@ from localflash.speculative.drafter import Drafter
 from localflash.speculative.grammar import finish, trim_draft
 from localflash.speculative.graph_sampler import GraphSampler, request_sampler
 from localflash.speculative.prefill import PromptFill
-from localflash.speculative.sampling import SamplingParams
+from localflash.speculative.sampling import Sampler, SamplingParams
 from localflash.speculative.stats import Stats
 
 
@@ -209,7 +209,13 @@ def verify_block(ctx: Context, draft: list[int], sample, is_eog) -> list[int]:
     rows = None if graph else ctx.all_logits() if draft else [ctx.logits(-1)]  # views: no row is copied
     new = []
     n = len(draft)
-    for i in range(n + 1):  # row by row, stopping at the first mismatch: only τ rows are read
+    if type(sample) is Sampler and sample.params.temperature <= 0.0:  # greedy on the host: the argmax inline
+        for i in range(n + 1):  # row by row, stopping at the first mismatch: only τ rows are read
+            tok = int(rows[i].argmax())
+            new.append(tok)
+            if i == n or tok != draft[i] or is_eog(tok):
+                return new
+    for i in range(n + 1):
         tok = (ctx.sampled(i) if draft else ctx.sampled(-1)) if graph else sample(rows[i])
         new.append(tok)
         if i == n or tok != draft[i] or is_eog(tok):

@@ -233,8 +233,11 @@ class SlotPool:
         return [s for s in self.slots if s.request is not None and s.request.state == "prefill"]
 
     def _cancelled(self) -> bool:
-        return any(s.request is not None and (s.request.cancelled or (s.request.cancel is not None and s.request.cancel.is_set()))
-                   for s in self.slots)
+        for s in self.slots:  # (a loop: a generator costs a call per slot, and this runs before every step)
+            req = s.request
+            if req is not None and (req.cancelled or (req.cancel is not None and req.cancel.is_set())):
+                return True
+        return False
 
     def _guarded(self, slots, fn) -> None:
         """Run ``fn``; on an error, end these slots' requests with it and forget their caches."""
@@ -340,14 +343,18 @@ class SlotPool:
         The joining slots' bookkeeping runs right after it, before anything else decodes on the
         target (a prompt's last row is sampled from this decode's logits).
         """
-        step_rows = sum(len(p[1]) for p in parts)
-        step_outputs = sum(len(p[1]) if p[3] in (True, "all") else 1 for p in parts)
+        if not filling:  # (most steps: nothing joins)
+            if parts:
+                decode_views(self.ctx, parts)
+            return 0
+        step_rows = sum([len(p[1]) for p in parts])
+        step_outputs = sum([len(p[1]) if p[3] in (True, "all") else 1 for p in parts])
         fills = self._fill_parts(filling, step_rows, step_outputs)
         if parts or fills:
             decode_views(self.ctx, parts + [f for _, f in fills])
         for s, _part in fills:
             self._filled(s)
-        return sum(len(f[1]) for _, f in fills)
+        return sum([len(f[1]) for _, f in fills])
 
     def _fill_alone(self, filling: list[SlotEngine]) -> list[SlotEngine]:
         """Before a step's drafts: the next n_batch chunk of each joining prompt that goes alone (:meth:`_alone`),
@@ -435,10 +442,12 @@ class SlotPool:
                 s.ctx.checkpoint(transient=True)  # no snapshot reaches back (qwen3next): restore + replay on a miss
         tv = self.clock()
         prompt_rows = self._decode_with_fills([(p[0].ctx, [p[0].request.last] + p[3], p[1], bool(p[3])) for p in plans], filling)
-        rows = sum(1 + len(p[3]) for p in plans)
+        rows = len(plans)
         verified = []
+        is_eog = self.target.is_eog
         for s, n_past, _limit, draft, _td in plans:
-            new = verify_block(s.ctx, draft, s.request.sample, self.target.is_eog)
+            rows += len(draft)
+            new = verify_block(s.ctx, draft, s.request.sample, is_eog)
             m = len(new) - 1
             s.tokens += [s.request.last] + draft[:m]
             verified.append(new)
@@ -470,7 +479,7 @@ class SlotPool:
                 for i in batch:
                     plans[i][4] += share
         if asking:  # a shared drafter's decodes carry every drafting slot: the step waits for them whole (step_policy.py)
-            self.policy.record_draft(max(min(k, p[2]) for p in asking), t_group)
+            self.policy.record_draft(min(k, max([p[2] for p in asking])), t_group)  # (the longest draft asked)
         for i, (s, _n_past, _limit, draft, t_draft) in enumerate(plans):
             self._commit(s, draft, verified[i], t_decode + t_cut[i], t_draft)
 

@@ -58,7 +58,7 @@ class StepPolicy:
 
     @staticmethod
     def rows(limits: list[int], k: int) -> int:
-        return sum(1 + min(k, lim) for lim in limits)
+        return len(limits) + sum([k if k < lim else lim for lim in limits])
 
     def choose(self, slots: list[tuple[object, int]]) -> int:
         """The step's draft length; ``slots``: (the slot's DraftPolicy, its own limit) per active slot.

@@ -149,21 +149,17 @@ def best_first(root: int, expand, budget: int, max_depth: int, root_state=None) 
     """
     tokens, parents, scores = [root], [-1], [0.0]
     heap: list = []
+    push, pop = heapq.heappush, heapq.heappop
     tie = 0
-
-    def offer(node: int, depth: int, state) -> None:
-        nonlocal tie
-        if depth >= max_depth:
-            return
-        ids, logp, states = expand(depth, state)
+    if max_depth > 0:  # the root's candidates
+        ids, logp, states = expand(0, root_state)
         if len(ids):
-            heapq.heappush(heap, (-(scores[node] + float(logp[0])), tie, node, depth, ids, logp, states, 0))
+            push(heap, (-float(logp[0]), tie, 0, 0, ids, logp, states, 0))
             tie += 1
-
-    offer(0, 0, root_state)
     leaves = 1
-    while heap and len(tokens) - 1 < budget:
-        neg, _, parent, depth, ids, logp, states, j = heapq.heappop(heap)
+    node = 0  # nodes drafted so far (the last one's index)
+    while heap and node < budget:
+        neg, _, parent, depth, ids, logp, states, j = pop(heap)
         if j > 0:  # a second child: one more leaf (a first child takes its parent's place as a leaf)
             if leaves >= MAX_LEAVES:
                 continue
@@ -171,11 +167,16 @@ def best_first(root: int, expand, budget: int, max_depth: int, root_state=None) 
         tokens.append(int(ids[j]))
         parents.append(parent)
         scores.append(-neg)
-        node = len(tokens) - 1
-        if j + 1 < len(ids):  # the next sibling
-            heapq.heappush(heap, (-(scores[parent] + float(logp[j + 1])), tie, parent, depth, ids, logp, states, j + 1))
+        node += 1
+        n_ids = len(ids)
+        if j + 1 < n_ids:  # the next sibling
+            push(heap, (-(scores[parent] + float(logp[j + 1])), tie, parent, depth, ids, logp, states, j + 1))
             tie += 1
-        offer(node, depth + 1, None if states is None else states[j])
+        if depth + 1 < max_depth:  # the new node's own candidates (one call a node: no helper)
+            ids, logp, states = expand(depth + 1, None if states is None else states[j])
+            if len(ids):
+                push(heap, (neg - float(logp[0]), tie, node, depth + 1, ids, logp, states, 0))
+                tie += 1
     return depth_first(tokens, parents, scores)
 
 
