@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import tempfile
@@ -37,6 +38,8 @@ import anthropic
 import httpx
 import openai
 from localflash.testing.serve import LiveServer, tiny_models  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # leak_probe (--heap)
 
 GREEDY = {"temperature": 0}  # the anthropic client takes no temperature argument of its own here
 TOPICS = ["the sea", "a mountain", "bread", "a library", "rain", "a city at night", "bicycles", "tea"]
@@ -55,6 +58,9 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=None, help="server slots (default: --clients)")
     ap.add_argument("--warmup-s", type=float, default=60.0, help="with --clients > 1: seconds before the start RSS is taken")
     ap.add_argument("--slot-ctx", type=int, default=2048, help="with --clients > 1: tokens per slot (-c is this times the slots)")
+    ap.add_argument("--heap", action="store_true", help="with --clients > 1: at each RSS sample the server also reports its C heap "
+                    "(glibc malloc_stats over all arenas: in-use and system bytes) and its live Python objects (leak_probe.py's hook)")
+    ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server's environment (e.g. MALLOC_ARENA_MAX=2)")
     ap.add_argument("--json", type=Path, default=None, help="also write the summary here")
     args = ap.parse_args()
     if args.clients > 1:
@@ -112,8 +118,15 @@ def concurrent_soak(args) -> int:
         target, drafter = tiny_models(work)
         load = ["-m", str(target), "--drafter", str(drafter)]
     slots = args.parallel or args.clients
+    env = dict(os.environ)
+    if args.heap:
+        from leak_probe import heap_dump, probe_env
+
+        env = probe_env(work, 0)
+    env.update(e.split("=", 1) for e in args.env)
     server = LiveServer(*load, "-t", args.threads, "-c", str(args.slot_ctx * slots), "--parallel", str(slots), "--exact", "--queue", "64",
-                        log=work / "server.log")
+                        log=work / "server.log", env=env)
+    heap: list[tuple[float, float, float, int]] = []  # (s, C heap in use MiB, C heap system MiB, live Python objects)
     lock = threading.Lock()
     failures: list[str] = []
     kinds: dict[str, int] = {}
@@ -185,6 +198,9 @@ def concurrent_soak(args) -> int:
         while any(t.is_alive() for t in threads):
             if time.perf_counter() >= next_sample:
                 rss.append((round(time.perf_counter() - t0, 1), round(server.rss_mib(), 1)))
+                if args.heap:
+                    d = heap_dump(server.proc, work, len(heap))
+                    heap.append((rss[-1][0], round(d["heap"]["in_use"] / 2**20, 2), round(d["heap"]["system"] / 2**20, 2), sum(d["types"].values())))
                 next_sample += 30.0
             for t in threads:
                 t.join(0.5 / len(threads))
@@ -202,12 +218,20 @@ def concurrent_soak(args) -> int:
         "kinds": kinds, "agent": agent, "failures": len(failures), "first_failures": failures[:5], "by_design_4xx": by_design,
         "rss_mib_after_warmup": after[0][1] if after else None, "rss_mib_end": rss[-1][1],
         "rss_mib_max_after_warmup": max((m for _, m in after), default=None),
-        "rss_slope_mib_per_min_after_warmup": slope(after), "rss_samples": rss, "health_at_end": still,
+        "rss_slope_mib_per_min_after_warmup": slope(after), "env": args.env, "rss_samples": rss, "health_at_end": still,
         "finished_by_reason": finished, "error_responses": errors,
         "tracebacks_in_log": log.count("Traceback"), "server_exit": rc, "wall_s": round(wall, 1), "load": " ".join(load),
     }
-    print(json.dumps({k: v for k, v in summary.items() if k != "rss_samples"}, indent=1))
+    if heap:
+        late = [h for h in heap if h[0] >= args.warmup_s]
+        summary["heap_slopes_mib_per_min_after_warmup"] = {"c_in_use": slope([(h[0], h[1]) for h in late]),
+                                                           "c_system": slope([(h[0], h[2]) for h in late])}
+        summary["python_objects_after_warmup_and_end"] = [late[0][3], late[-1][3]] if late else None
+        summary["heap_samples"] = heap
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("rss_samples", "heap_samples")}, indent=1))
     print("rss_samples (s, MiB):", json.dumps(rss))
+    if heap:
+        print("heap_samples (s, C in use MiB, C system MiB, Python objects):", json.dumps(heap))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1) + "\n")
     return 0 if not failures and rc == 0 and not summary["tracebacks_in_log"] else 1
