@@ -18,79 +18,14 @@ its system bytes (and RSS) grow is fragmentation, not a leak.
 from __future__ import annotations
 
 import argparse
-import collections
-import json
 import os
 import random
-import signal
 import sys
 import tempfile
 import threading
 import time
 import tracemalloc
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-SITECUSTOMIZE = r'''
-import os
-if os.environ.get("LF_PROBE_DIR"):
-    import collections, ctypes, gc, json, signal, tempfile, tracemalloc
-    if int(os.environ.get("LF_PROBE_FRAMES", "10")):
-        tracemalloc.start(int(os.environ.get("LF_PROBE_FRAMES", "10")))
-
-    def _arenas():
-        libc = ctypes.CDLL("libc.so.6")
-        with tempfile.TemporaryFile() as f:
-            saved = os.dup(2)
-            os.dup2(f.fileno(), 2)
-            try:
-                libc.malloc_stats()
-            finally:
-                os.dup2(saved, 2)
-                os.close(saved)
-            f.seek(0)
-            text = f.read().decode()
-        total = text.split("Total (incl. mmap):")[-1]
-        return {"system": int(total.split("system bytes     =")[1].split()[0]), "in_use": int(total.split("in use bytes     =")[1].split()[0]),
-                "arenas": text.count("Arena ")}
-
-    def _dump(signum, frame):
-        d = os.environ["LF_PROBE_DIR"]
-        n = len([p for p in os.listdir(d) if p.endswith(".json")])
-        gc.collect()
-        if tracemalloc.is_tracing():
-            tracemalloc.take_snapshot().dump(os.path.join(d, f"{n}.snap"))
-        types = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
-        rss = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:"))
-        out = {"types": dict(types), "heap": _arenas(), "rss_kib": rss, "traced": tracemalloc.get_traced_memory()[0]}
-        with open(os.path.join(d, f"{n}.tmp"), "w") as f:
-            json.dump(out, f)
-        os.rename(os.path.join(d, f"{n}.tmp"), os.path.join(d, f"{n}.json"))
-
-    signal.signal(signal.SIGUSR1, _dump)
-'''
-
-
-def probe_env(work: Path, frames: int) -> dict:
-    """The environment that makes a `localflash serve` child dump its heap into ``work/dumps`` on SIGUSR1 (``frames`` 0: no tracemalloc)."""
-    (work / "site").mkdir(exist_ok=True)
-    (work / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    (work / "dumps").mkdir(exist_ok=True)
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(work / "site"), os.environ.get("PYTHONPATH", "")]),
-            "LF_PROBE_DIR": str(work / "dumps"), "LF_PROBE_FRAMES": str(frames)}
-
-
-def heap_dump(proc, work: Path, i: int) -> dict:
-    """Signal the server to dump (the i-th time); its dump once written."""
-    proc.send_signal(signal.SIGUSR1)
-    path = work / "dumps" / f"{i}.json"
-    while not path.exists():
-        if proc.poll() is not None:
-            raise RuntimeError("the server exited")
-        time.sleep(0.1)
-    return {**json.loads(path.read_text()), "snap": work / "dumps" / f"{i}.snap"}
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -107,7 +42,8 @@ def main() -> int:
     import anthropic
     import openai
 
-    import soak_serve as soak
+    import localflash.testing.soak as soak
+    from localflash.testing.heap import heap_dump, probe_env
     from localflash.testing.serve import LiveServer, tiny_models
 
     work = Path(tempfile.mkdtemp(prefix="lf-leak-"))
