@@ -35,6 +35,7 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--frames", type=int, default=10)
     ap.add_argument("--sites", type=int, default=5, help="allocation sites shown per round")
+    ap.add_argument("--trim", action="store_true", help="at each dump the server also calls malloc_trim(0) and reads RSS again")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server's environment")
     ap.add_argument("--spec", default=None, help="--spec for the tiny target (default: its DFlash drafter)")
     args = ap.parse_args()
@@ -48,7 +49,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="lf-leak-"))
     target, drafter = tiny_models(work)
-    env = {**probe_env(work, args.frames), **dict(e.split("=", 1) for e in args.env)}
+    env = {**probe_env(work, args.frames), **dict(e.split("=", 1) for e in args.env), **({"LF_PROBE_TRIM": "1"} if args.trim else {})}
     load = ["--spec", args.spec] if args.spec else ["--drafter", drafter]
     server = LiveServer("-m", target, *load, "-t", "1", "-c", str(2048 * 4), "--parallel", "4", "--exact", "--queue", "64",
                         log=work / "server.log", env=env)
@@ -71,7 +72,7 @@ def main() -> int:
                         return
                     sent[0] += 1
                 kind = rng.choice(["chat", "chat_stream", "stop", "disconnect", "completion", "too_long",
-                                   "msg", "msg_stream", "msg_disconnect", "msg_too_long", "agent", "agent"])
+                                   "msg", "msg_stream", "msg_disconnect", "msg_too_long", "agent", "agent", "json"])
                 oc = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
                 ac = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=300)
                 prompt = f"Write two sentences about {rng.choice(soak.TOPICS)}."
@@ -86,6 +87,10 @@ def main() -> int:
                             ac.messages.create(model="any", max_tokens=4, messages=[{"role": "user", "content": "stone " * 2300}])
                         except anthropic.BadRequestError:
                             pass
+                    elif kind == "json":  # a grammar: drafts are checked on clones of its sampler
+                        r = oc.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}], max_tokens=24,
+                                                       temperature=0, response_format={"type": "json_object"})
+                        p = None if r.choices[0].finish_reason in ("stop", "length") else f"json: {r.choices[0]!r}"
                     elif kind == "agent":
                         p = conv.turn(oc, ac, model, 32, 2048, agent_stats, lock)
                     elif kind.startswith("msg"):
@@ -132,8 +137,18 @@ def report(a: dict, b: dict, rnd: int, args, wall: float, problems: list[str]) -
           f"C heap (all {b['heap']['arenas']} arenas) in use {a['heap']['in_use'] / mib:.2f} -> {b['heap']['in_use'] / mib:.2f} MiB "
           f"({(b['heap']['in_use'] - a['heap']['in_use']) / mib:+.2f}), system {a['heap']['system'] / mib:.2f} -> {b['heap']['system'] / mib:.2f} MiB "
           f"({(b['heap']['system'] - a['heap']['system']) / mib:+.2f}); Python traced {(b['traced'] - a['traced']) / mib:+.3f} MiB")
+    maps = sorted(((k, b["maps"].get(k, 0) - a["maps"].get(k, 0)) for k in set(a["maps"]) | set(b["maps"])), key=lambda kv: -abs(kv[1]))
+    print("RSS by mapping, KiB that changed (#: mappings):", [kv for kv in maps if kv[1]][:10])
+    if b.get("rss_after_trim_kib"):
+        print(f"RSS after malloc_trim(0): {a['rss_after_trim_kib'] / 1024:.1f} -> {b['rss_after_trim_kib'] / 1024:.1f} MiB "
+              f"({(b['rss_after_trim_kib'] - a['rss_after_trim_kib']) / 1024:+.2f}; trimming gave back {(b['rss_kib'] - b['rss_after_trim_kib']) / 1024:.1f})")
+    print("live GrammarState (one llama.cpp grammar sampler each):", a["types"].get("GrammarState", 0), "->", b["types"].get("GrammarState", 0))
+    pa, pb = a["pymalloc"], b["pymalloc"]
+    print("pymalloc:", {k: (pa[k], pb[k]) for k in pb})
     grew = sorted(((k, v - a["types"].get(k, 0)) for k, v in b["types"].items() if v - a["types"].get(k, 0) > 0), key=lambda kv: -kv[1])
     print("live Python objects that grew:", grew[:10])
+    if not Path(b["snap"]).exists():
+        return
     s1, s2 = tracemalloc.Snapshot.load(str(a["snap"])), tracemalloc.Snapshot.load(str(b["snap"]))
     filt = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen importlib._bootstrap>")]
     for d in [d for d in s2.filter_traces(filt).compare_to(s1.filter_traces(filt), "traceback") if d.size_diff > 0][: args.sites]:
