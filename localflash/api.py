@@ -44,7 +44,7 @@ def __getattr__(name):  # SamplingParams pulls in numpy: only on first use, so i
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-SLOT_PROMPT_SIMILARITY = 0.5  # the share of a slot's cache a prompt must reuse to be routed there (LLM.slot_for)
+SLOT_PROMPT_SIMILARITY = 0.5  # the share of a slot's cache a prompt must reuse to be routed there (LLM.slot_for; --slot-prompt-similarity)
 
 
 def load(pair: str | None = None, *, draft: str = "on", **options) -> "LLM":
@@ -289,23 +289,28 @@ class LLM:
                  thinking: bool | None = None, tools: list[dict] | None = None, **_request) -> int:
         """Of the ``free`` slots, the one whose cache shares the longest prefix with this prompt (ties: the first).
 
-        A prefix that reuses less than :data:`SLOT_PROMPT_SIMILARITY` of a slot's cache does not count there (as
-        llama-server's ``--slot-prompt-similarity``): a turn that resends its conversation reuses nearly all of
+        A prefix that reuses less than the load option ``slot_prompt_similarity`` (default
+        :data:`SLOT_PROMPT_SIMILARITY`) of a slot's cache does not count there (as llama-server's
+        ``--slot-prompt-similarity``): a turn that resends its conversation reuses nearly all of
         its slot's cache, however long its new part. Without such a slot the request goes to the free slot with
         the least worth keeping (an empty one, else the least recently used), so the conversations cached in
-        the others stay for their next turn.
+        the others stay for their next turn. ``slot_prompt_similarity`` 0 turns the routing off: every request
+        goes that way, whatever the caches hold (the slot's own cache is still reused as far as it matches).
         """
         if len(free) == 1 or self.pool is None:
             return free[0]
+        similarity = getattr(self.config, "slot_prompt_similarity", SLOT_PROMPT_SIMILARITY)
+        used_at = self.pool.kv.used_at
+        if not similarity:
+            return min(free, key=lambda i: (self.sessions[i].n_cached > 0, used_at[i], i))
         try:
             tokens, _ = self.session.encode(prompt_or_messages, system=system, raw=raw, thinking=thinking, tools=tools)
         except LocalflashError:
             return free[0]  # start() reports what is wrong with the request
         shared = {i: self.sessions[i].cached_prefix(tokens) for i in free}
-        similar = [i for i in free if shared[i] and shared[i] >= SLOT_PROMPT_SIMILARITY * self.sessions[i].n_cached]
+        similar = [i for i in free if shared[i] and shared[i] >= similarity * self.sessions[i].n_cached]
         if similar:
             return max(similar, key=lambda i: (shared[i], -i))
-        used_at = self.pool.kv.used_at
         return min(free, key=lambda i: (self.sessions[i].n_cached > 0, used_at[i], i))
 
     def _session(self, slot: int | None) -> Session:

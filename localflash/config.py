@@ -60,6 +60,9 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
     "parallel": LoadOption(int, 1, (), "Parallel slots: requests decoded together on one context (serve --parallel, bench --parallel)."),
     "kv_pool": LoadOption(str, "auto", ("--kv-pool",), "Parallel slots' KV cache: unified (one pool: any slot up to the whole -c, while the slots together fit), "
                           "split (1/N of -c per slot, each laid out as a context of its own); auto: unified, split with --exact."),
+    "slot_prompt_similarity": LoadOption(float, 0.5, ("--slot-prompt-similarity", "-sps"), "Parallel slots: the share of a slot's cached "
+                                         "prompt a request must reuse to be routed to that slot (as llama-server's -sps); 0: no prefix "
+                                         "routing (an empty, else the least recently used free slot)."),
     "rpc": LoadOption(Optional[str], None, ("--rpc",), "llama.cpp rpc-servers for target layers: HOST:PORT[,HOST:PORT...] (load(): a list too); trusted network only."),
     "tree": LoadOption(Optional[int], None, ("--tree",), "Verify a tree of at most N drafted tokens per target pass (0: a chain; default: a chain). Not on hybrid targets."),
     "sample_in_graph": LoadOption(str, "auto", ("--sample-in-graph",), "auto | on | off: sample the target's rows inside llama.cpp's graph, so only token ids reach the host (auto: on where the target's output layer is on a GPU; not with --tree or slots)."),
@@ -99,6 +102,7 @@ class RunConfig:
     tree: int | None = _default("tree")  # drafted nodes per tree verify (0/None: a chain); speculative/tree.py
     sample_in_graph: str = _default("sample_in_graph")  # auto | on | off: engine.sample_in_graph resolves it
     kv_pool: str = _default("kv_pool")  # auto | unified | split: parallel slots' KV layout (see kv_unified())
+    slot_prompt_similarity: float = _default("slot_prompt_similarity")  # LLM.slot_for's routing threshold; 0: routing off
 
     def kv_unified(self) -> bool:
         """Whether parallel slots share one KV pool (``--kv-pool``; auto: yes, but not with --exact)."""
@@ -201,6 +205,9 @@ def config_from(pair: str | None, target: str | None, drafter: str | None, **fla
 
 def check_parallel(cfg: RunConfig) -> RunConfig:
     """Refuse a slot count out of range or a context too small to share among the slots."""
+    if not 0.0 <= cfg.slot_prompt_similarity <= 1.0:
+        raise LocalflashError(f"--slot-prompt-similarity must be in [0, 1], got {cfg.slot_prompt_similarity:g}",
+                              hint="0 turns prefix routing off; 0.5 is the default")
     if not 1 <= cfg.parallel <= 64:
         raise LocalflashError(f"--parallel must be in 1..64, got {cfg.parallel}")
     if cfg.ctx < 16 * cfg.parallel:

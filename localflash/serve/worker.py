@@ -10,11 +10,18 @@ asyncio queue: ``("started", None)`` once the request passed every check
 ``("error", exception)``. Setting ``job.cancel`` (a client went away) ends the
 generation at the next draft–verify cycle; a job cancelled while it waited is
 skipped. Every finished job is one log line and one record in the metrics.
+
+A finished job also gives freed heap pages back to the OS, at most every :data:`TRIM_EVERY_S`
+(glibc's ``malloc_trim(0)``; nothing elsewhere). Without it a server's RSS crept up while the bytes
+in use stayed flat: the decode thread's malloc arena kept the pages its varying per-cycle buffers
+had freed (benchmarks/serve/leak_probe.py, docs/benchmarks.md "Soak").
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import itertools
 import math
 import queue
@@ -27,6 +34,19 @@ from typing import Any, Callable
 
 from localflash.errors import LocalflashError
 from localflash.serve.metrics import Metrics
+
+
+TRIM_EVERY_S = 30.0  # seconds between two malloc_trim(0) calls (a finished job triggers one when due)
+
+
+def heap_trimmer() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS, Windows)."""
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn
 
 
 class QueueFull(Exception):
@@ -86,6 +106,9 @@ class Worker:
         self.mean_seconds = 1.0  # moving average of a request's service time (Retry-After)
         self.busy_since: float | None = None  # some slot has been busy since then
         self.busy_seconds = 0.0  # wall time with at least one request running (aggregate throughput)
+        self.trim = heap_trimmer()
+        self.trimmed_at = time.perf_counter()
+        self.trims = 0  # malloc_trim calls so far
         self.threads = [threading.Thread(target=self._loop, args=(i,), name=f"localflash-worker-{i}", daemon=True)
                         for i in range(self.n_slots)]
         self.thread = self.threads[0]
@@ -158,6 +181,12 @@ class Worker:
                     if not self.slots and self.busy_since is not None:
                         self.busy_seconds += time.perf_counter() - self.busy_since
                         self.busy_since = None
+                    due = self.trim is not None and time.perf_counter() - self.trimmed_at >= TRIM_EVERY_S
+                    if due:
+                        self.trimmed_at = time.perf_counter()
+                if due:
+                    self.trim(0)  # the freed heap pages go back to the OS (see the module docstring)
+                    self.trims += 1
 
     def _serve(self, job: Job, slot: int = 0) -> None:
         if job.cancel.is_set():

@@ -57,3 +57,22 @@ def test_each_turn_reuses_its_conversation_s_slot_and_replies_as_a_fresh_prefill
         for msgs, text, _cached, _slot in turns:
             solo.reset()
             assert solo.chat(msgs, max_tokens=12, temperature=0).text == text
+
+
+def test_slot_prompt_similarity_0_turns_prefix_routing_off(tiny_target):
+    """``--slot-prompt-similarity 0`` (the benchmark's "not routed"): a conversation's next turn goes to an empty slot,
+    not to the one that holds its history; at the default it goes home. An out-of-range value is refused in one line."""
+    first = [{"role": "user", "content": "Tell me about the sea."}]
+    slots = {}
+    for sps in (0.5, 0.0):
+        with load(model=str(tiny_target), spec="ngram", threads=1, ctx=1024, parallel=4, slot_prompt_similarity=sps) as llm:
+            home = llm.slot_for(first, [0, 1, 2, 3])
+            done = llm.chat(first, slot=home, max_tokens=4, temperature=0)
+            slots[sps] = (home, llm.slot_for(first + [{"role": "assistant", "content": done.text},
+                                                      {"role": "user", "content": "And more."}], [0, 1, 2, 3]))
+    assert slots[0.5] == (0, 0) and slots[0.0] == (0, 1)
+    from localflash.config import config_from_options
+    from localflash.errors import LocalflashError
+
+    with pytest.raises(LocalflashError, match="slot-prompt-similarity must be in"):
+        config_from_options(model=str(tiny_target), parallel=4, slot_prompt_similarity=1.5)
