@@ -23,8 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_host as bh  # noqa: E402
+import bench_host as bh  # noqa: E402  (the script's folder is on sys.path when run as a script)
 
 
 def _engine(target, dpath):

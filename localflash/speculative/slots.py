@@ -1,30 +1,27 @@
 """Parallel slots: N requests on one target context, every active one in each target decode.
 
-A :class:`SlotPool` owns a target context made for N sequences and one
-:class:`SlotEngine` per slot. A slot engine is an :class:`~localflash.speculative.loop.Engine`
-on a :class:`~localflash.llama.sequences.SeqView` (sequence i of the shared context) with its
-own drafter, draft policy and cached tokens, so the session layer (stop strings, phases,
-cancel) runs on it unchanged; only its ``generate`` differs: it hands the request to the
-pool's thread and yields what that thread commits for it. The slots' drafters are driven a
-step at a time by one :class:`~localflash.speculative.group.DrafterGroup`: DFlash's, a draft
-model's and MTP's sit on sequence i of one shared drafter context, so every slot's drafts (and
-their intake of the target's rows) cost one decode for all slots, not one per slot.
+A :class:`SlotPool` owns a target context made for N sequences and one :class:`SlotEngine` per slot. A slot engine is
+an :class:`~localflash.speculative.loop.Engine` on a :class:`~localflash.llama.sequences.SeqView` (sequence i of the
+shared context) with its own drafter, draft policy and cached tokens, so the session layer (stop strings, phases,
+cancel) runs on it unchanged; only its ``generate`` differs: it hands the request to the pool's thread and yields what
+that thread commits for it. The slots' drafters are driven a step at a time by one
+:class:`~localflash.speculative.group.DrafterGroup`: DFlash's, a draft model's and MTP's sit on sequence i of one
+shared drafter context, so every slot's drafts (and their intake of the target's rows) cost one decode for all slots,
+not one per slot.
 
-The pool's thread runs *steps*. A waiting request joins at a step boundary: its prompt is
-prefilled on its own sequence in chunks (:class:`~localflash.speculative.prefill.PromptFill`, the
-one-slot engine's schedule), each chunk one more part of a step's ``llama_decode``, so the
-decoding slots go on while it fills (continuous batching; see
+The pool's thread runs *steps*. A waiting request joins at a step boundary: its prompt is prefilled on its own
+sequence in chunks (:class:`~localflash.speculative.prefill.PromptFill`, the one-slot engine's schedule), each chunk
+one more part of a step's ``llama_decode``, so the decoding slots go on while it fills (continuous batching; see
 :func:`~localflash.speculative.prefill.prefill_rows` for how many prompt rows a step takes). In a step every active
 slot drafts ``min(k, its limit)`` tokens (``k`` chosen for the step as a whole by
-:class:`~localflash.speculative.step_policy.StepPolicy`), one ``llama_decode`` carries
-``[last] + draft`` of every slot (just ``[last]`` where k is 0), each slot's rows are
-verified exactly as in the one-stream loop (``verify_block``), and each slot's caches are
-cut back: first the cuts that need no decode (KV tails, recurrent snapshots, right after
-the decode that made them), then those that restore a recurrent checkpoint and replay.
-A finished or cancelled request frees its slot at the next step boundary.
+:class:`~localflash.speculative.step_policy.StepPolicy`), one ``llama_decode`` carries ``[last] + draft`` of every
+slot (just ``[last]`` where k is 0), each slot's rows are verified exactly as in the one-stream loop
+(``verify_block``), and each slot's caches are cut back: first the cuts that need no decode (KV tails, recurrent
+snapshots, right after the decode that made them), then those that restore a recurrent checkpoint and replay. A
+finished or cancelled request frees its slot at the next step boundary.
 
-*Unified KV* (``--kv-pool unified``): every slot draws cells from one pool of ``n_ctx``; a request
-is admitted once its reservation fits, after dropping idle caches or waiting for room (:mod:`.kv_pool`).
+*Unified KV* (``--kv-pool unified``): every slot draws cells from one pool of ``n_ctx``; a request is admitted once
+its reservation fits, after dropping idle caches or waiting for room (:mod:`.kv_pool`).
 """
 
 from __future__ import annotations
@@ -42,7 +39,6 @@ from localflash.speculative.prefill import PromptFill, prefill_rows
 from localflash.speculative.grammar import finish, host_sampler, trim_draft
 from localflash.speculative.stats import Stats
 from localflash.speculative.step_policy import StepPolicy
-
 
 BACKLOG = 8  # emits a slot may run ahead of its reader; a cancel is seen by the pool itself before every step
 
@@ -234,8 +230,7 @@ class SlotPool:
 
     def _cancelled(self) -> bool:
         for s in self.slots:  # (a loop: a generator costs a call per slot, and this runs before every step)
-            req = s.request
-            if req is not None and (req.cancelled or (req.cancel is not None and req.cancel.is_set())):
+            if (req := s.request) is not None and (req.cancelled or (req.cancel is not None and req.cancel.is_set())):
                 return True
         return False
 
