@@ -174,6 +174,25 @@ def summarize(report: dict, order: dict[str, int]) -> list[str]:
     return lines
 
 
+def table(report: dict) -> list[str]:
+    """The docs' table (right calls / replies with drafting on and off, equal greedy replies / rows) and the runs' lines."""
+    res = report["results"]
+    L = ["| tool_choice | drafting on (0.5B drafter) | drafting off (`speculative.n_max` 0) | greedy replies equal |", "|---|---|---|---|"]
+    for choice, eq in report["equal"].items():
+        on, off = res.get(f"{choice}/drafting", []), res.get(f"{choice}/plain", [])
+        L.append(f"| {choice} | {sum(o.get('ok', False) for o in on)} / {len(on)} | {sum(o.get('ok', False) for o in off)} / {len(off)} "
+                 f"| {eq['equal']} / {eq['rows']} |")
+    L.append("")
+    for i, run in enumerate(report["runs"]):
+        n = sum(o.get("run") == i for out in res.values() for o in out)
+        if n:
+            what = f"merged from {run['merged_from']}" if "merged_from" in run else (
+                f"{run['commit']}, {run['started']} to {run.get('finished', '?')}, "
+                f"load {run['load_start'][0]:.1f} to {run.get('load_end', run['load_start'])[0]:.1f}")
+            L.append(f"- run {i} ({what}): {n} replies")
+    return L
+
+
 def write(path: Path, report: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
@@ -189,11 +208,17 @@ def main() -> None:
     ap.add_argument("--choices", default="auto,required,named")
     ap.add_argument("--merge", type=Path, action="append", default=[],
                     help="take rows from an earlier report first (repeatable); they are not rerun")
+    ap.add_argument("--table", action="store_true", help="only print OUT's table for docs/benchmarks.notes.md (no runs)")
     ap.add_argument("--out", type=Path, required=True,
                     help="the report; written after every reply, and a rerun with the same OUT skips the rows it holds")
     a = ap.parse_args()
     rows = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines()[: a.rows]]
     order = {row["id"]: i for i, row in enumerate(rows)}
+    if a.table:
+        report = json.loads(a.out.read_text(encoding="utf-8"))
+        summarize(report, order)
+        print("\n".join(table(report)))
+        return
     report = load_report(a.out, a.pair, a.max_tokens)
     for path in a.merge:
         merge(report, path)
