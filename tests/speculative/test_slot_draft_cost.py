@@ -54,18 +54,24 @@ def _steps(tiny_target, draft_decode: float) -> list[tuple[int, bool]]:
             return k
 
         pool.policy.choose = logged
-        outs = [None] * len(PROMPTS)
-
-        def go(i):
-            outs[i] = llm.start(PROMPTS[i], raw=True, max_tokens=48, slot=i).completion()
-
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(PROMPTS))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    assert all(o is not None and o.token_ids for o in outs)
+        _wave(llm, PROMPTS, max_tokens=48)
     return chosen
+
+
+def _wave(llm, prompts: list[str], max_tokens: int) -> list:
+    """Prompt i on slot i, all at once; every completion, each with tokens."""
+    outs = [None] * len(prompts)
+
+    def go(i):
+        outs[i] = llm.start(prompts[i], raw=True, max_tokens=max_tokens, slot=i).completion()
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(o is not None and o.token_ids for o in outs)
+    return outs
 
 
 def test_dear_draft_model_decodes_make_the_pools_steps_plain(tiny_target):
@@ -91,25 +97,10 @@ def test_prompts_that_join_while_drafting_is_off_are_not_decoded_into_the_draft_
         draft_rows = []
         _charge(pool.ctx, clock, lambda n: 1.0 + 0.01 * n)
         _charge(pool.group.ctx, clock, lambda n: draft_rows.append(n) or 2.0)
-
-        def wave(prompts):
-            outs = [None] * len(prompts)
-
-            def go(i):
-                outs[i] = llm.start(prompts[i], raw=True, max_tokens=24, slot=i).completion()
-
-            threads = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            assert all(o is not None and o.token_ids for o in outs)
-            return outs
-
-        wave(PROMPTS)  # the pool measures drafting once, then turns it off
+        _wave(llm, PROMPTS, max_tokens=24)  # the pool measures drafting once, then turns it off
         assert pool.policy.off
         before = len(draft_rows)
-        outs = wave(long_prompts)
+        outs = _wave(llm, long_prompts, max_tokens=24)
         taken_in = sum(draft_rows[before:])
     prompt_tokens = sum(o.prompt_tokens for o in outs)
     assert prompt_tokens > 200 and taken_in < prompt_tokens / 2, (taken_in, prompt_tokens)
