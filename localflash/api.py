@@ -292,7 +292,10 @@ class LLM:
         A prefix that reuses less than the load option ``slot_prompt_similarity`` (default
         :data:`SLOT_PROMPT_SIMILARITY`) of a slot's cache does not count there (as llama-server's
         ``--slot-prompt-similarity``): a turn that resends its conversation reuses nearly all of
-        its slot's cache, however long its new part. Without such a slot the request goes to the free slot with
+        its slot's cache, however long its new part. Nor does a prompt that holds all of the slot's last
+        prompt, whatever the share: it loses only that slot's last reply (a retry or a regenerate sends the
+        same prompt again; the next turn of a thinking model's conversation comes back without the reply's
+        reasoning, which was most of the cache). Without such a slot the request goes to the free slot with
         the least worth keeping (an empty one, else the least recently used), so the conversations cached in
         the others stay for their next turn. ``slot_prompt_similarity`` 0 turns the routing off: every request
         goes that way, whatever the caches hold (the slot's own cache is still reused as far as it matches).
@@ -308,7 +311,8 @@ class LLM:
         except LocalflashError:
             return free[0]  # start() reports what is wrong with the request
         shared = {i: self.sessions[i].cached_prefix(tokens) for i in free}
-        similar = [i for i in free if shared[i] and shared[i] >= similarity * self.sessions[i].n_cached]
+        similar = [i for i in free if shared[i] and (shared[i] >= similarity * self.sessions[i].n_cached
+                                                     or shared[i] >= min(self.sessions[i].last_prompt, self.sessions[i].n_cached) - 1 > 0)]
         if similar:
             return max(similar, key=lambda i: (shared[i], -i))
         return min(free, key=lambda i: (self.sessions[i].n_cached > 0, used_at[i], i))

@@ -104,6 +104,7 @@ class Session:
         self.draft_mode = draft_mode if self.has_drafter else "off"
         self.policies = {"answer": engine.policy}
         self.active: Generation | None = None
+        self.last_prompt = 0  # tokens of the last request's prompt
         self.apply_draft_mode("answer")
 
     @property
@@ -222,6 +223,7 @@ class Session:
             raise LocalflashError(f"draft_max must be a whole number of at least 0, got {draft_max!r}")
         if self.active is not None:
             self.active.close()
+        self.last_prompt = len(tokens)  # (LLM.slot_for: a request that repeats or extends it loses only the last reply)
         self.active = Generation(self, list(tokens), text, max_tokens, sampling, stop, cancel, draft_max)
         return self.active
 

@@ -76,3 +76,22 @@ def test_slot_prompt_similarity_0_turns_prefix_routing_off(tiny_target):
 
     with pytest.raises(LocalflashError, match="slot-prompt-similarity must be in"):
         config_from_options(model=str(tiny_target), parallel=4, slot_prompt_similarity=1.5)
+
+
+def test_a_prompt_that_holds_a_slot_s_last_prompt_goes_there_even_when_the_reply_was_most_of_the_cache(tiny_target):
+    """A retry (the same prompt again) and a next turn whose reply comes back changed (a thinking model's
+    reasoning dropped) lose only the slot's last reply: they go to that slot and reuse its prompt, although
+    the reply was over half of its cache. A prompt of another conversation still goes to an empty slot."""
+    first = [{"role": "user", "content": "Tell me about the sea."}]
+    with load(model=str(tiny_target), spec="ngram", threads=1, ctx=1024, parallel=4) as llm:
+        home = llm.slot_for(first, [0, 1, 2, 3])
+        done = llm.chat(first, slot=home, max_tokens=48, temperature=0)
+        n_cached = llm.slots()[home]["n_cached"]
+        assert done.prompt_tokens < 0.5 * n_cached  # the reply is most of the cache: the share rule alone says no
+        assert llm.slot_for(first, [0, 1, 2, 3]) == home
+        again = llm.chat(first, slot=home, max_tokens=48, temperature=0)
+        assert again.cached_tokens == done.prompt_tokens - 1 and again.text == done.text
+        changed = first + [{"role": "assistant", "content": "The sea."}, {"role": "user", "content": "And more."}]
+        assert llm.slot_for(changed, [0, 1, 2, 3]) == home
+        other = [{"role": "user", "content": "Tell me about bread and how it is baked."}]
+        assert llm.slot_for(other, [0, 1, 2, 3]) != home
