@@ -164,7 +164,7 @@ def best_first(root: int, expand, budget: int, max_depth: int, root_state=None) 
     """
     nodes = [(root, -1, 0.0, 0)]  # (token, parent, score, depth) a node, in the order added
     heap: list = []
-    push, pop = heapq.heappush, heapq.heappop
+    push, pop, replace = heapq.heappush, heapq.heappop, heapq.heapreplace
     tie = 0
     if max_depth > 0:  # the root's candidates
         ids, logp, states = expand(0, root_state)
@@ -175,16 +175,19 @@ def best_first(root: int, expand, budget: int, max_depth: int, root_state=None) 
     leaves = 1
     node = 0  # nodes drafted so far (the last one's index)
     while heap and node < budget:
-        neg, _, parent, depth, ids, logp, states, j, n_ids = pop(heap)
+        neg, _, parent, depth, ids, logp, states, j, n_ids = heap[0]
         if j > 0:  # a second child: one more leaf (a first child takes its parent's place as a leaf)
             if leaves >= MAX_LEAVES:
+                pop(heap)
                 continue
             leaves += 1
+        if j + 1 < n_ids:  # the best candidate leaves the heap and its next sibling comes in (one call)
+            replace(heap, (-(nodes[parent][2] + float(logp[j + 1])), tie, parent, depth, ids, logp, states, j + 1, n_ids))
+            tie += 1
+        else:
+            pop(heap)
         nodes += ((int(ids[j]), parent, -neg, depth + 1),)
         node += 1
-        if j + 1 < n_ids:  # the next sibling
-            push(heap, (-(nodes[parent][2] + float(logp[j + 1])), tie, parent, depth, ids, logp, states, j + 1, n_ids))
-            tie += 1
         if depth + 1 < max_depth:  # the new node's own candidates (one call a node: no helper)
             ids, logp, states = expand(depth + 1, None if states is None else states[j])
             n_ids = len(ids)
