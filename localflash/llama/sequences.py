@@ -103,13 +103,14 @@ class SeqView(RecurrentCache):
         return rows[1][self._out0 : self._out0 + self._n_out]
 
     def layer_input(self, lid: int, n_rows: int) -> np.ndarray:
-        return self.base.layer_inputs((lid,), self._row0 + n_rows)[0][self._row0 :]
+        return self.layer_inputs((lid,), n_rows)[0]
 
     def layer_inputs(self, layer_ids, n_rows: int) -> list[np.ndarray]:
         """:meth:`layer_input` of each of ``layer_ids`` (what a DFlash drafter injects per cycle): the base
-        context's cached views of the whole batch, sliced to this view's rows."""
+        context's cached views of the whole batch (one shape a decode for every view, so the views are made once
+        a decode, not once a slot), sliced to this view's rows."""
         r0 = self._row0
-        return [v[r0:] for v in self.base.layer_inputs(layer_ids, r0 + n_rows)]
+        return [v[r0 : r0 + n_rows] for v in self.base.layer_inputs(layer_ids, self.base.n_last)]
 
     def nextn_rows(self, n_rows: int) -> np.ndarray:
         """Unmasked nextn hidden states of this view's rows of the last decode."""
