@@ -51,6 +51,7 @@ class Tree:
     rank: np.ndarray = field(default=None)  # the order nodes were chosen in (best first): the first j form the best j-node tree
     depth: np.ndarray = field(default=None)  # each node's depth (the root's 0); found from ``parents`` if not given
     seqs: list = field(init=False)  # each node's sequence ids: the leaves below it
+    row_seqs: list = field(init=False)  # the same as a batch's rows take them: an int where one leaf is below (no list to walk)
     n_leaves: int = field(init=False)
     _kids: dict = field(init=False)  # (parent, token) -> its first (likelier) child holding that token
 
@@ -82,7 +83,9 @@ class Tree:
         leaf[par[1:]] = False
         before = np.concatenate(([0], np.cumsum(leaf)))  # leaves before each index
         self.n_leaves = int(before[n])
-        self.seqs = [list(range(f, last)) for f, last in zip(before[:n].tolist(), before[end].tolist())]
+        spans = list(zip(before[:n].tolist(), before[end].tolist()))
+        self.seqs = [list(range(f, last)) for f, last in spans]
+        self.row_seqs = [f if last - f == 1 else list(range(f, last)) for f, last in spans]
         toks = self.tokens.tolist()  # a repeated token under one parent: the first (likelier) child, so filled last to first
         self._kids = dict(zip(zip(plist[::-1], toks[::-1]), range(n - 1, -1, -1)))
 
@@ -207,10 +210,11 @@ def top_candidates(logits: np.ndarray, k: int = TOP_K) -> tuple[np.ndarray, np.n
 def top_candidates_rows(rows: np.ndarray, k: int = TOP_K) -> tuple[np.ndarray, np.ndarray]:
     """:func:`top_candidates` of every row of ``rows`` at once: ``[n, k]`` ids and log-probabilities."""
     k = min(k, rows.shape[1])
-    ids = np.argpartition(-rows, k - 1, axis=1)[:, :k]
-    vals = np.take_along_axis(rows, ids, axis=1).astype(np.float64)
+    ids = (-rows).argpartition(k - 1, axis=1)[:, :k]
+    at = np.arange(rows.shape[0])[:, None]  # (plain fancy indexing: take_along_axis's wrapper costs ~10 calls a use)
+    vals = rows[at, ids].astype(np.float64)
     order = np.lexsort((ids, -vals), axis=1)
-    ids, vals = np.take_along_axis(ids, order, axis=1), np.take_along_axis(vals, order, axis=1)
+    ids, vals = ids[at, order], vals[at, order]
     top = vals[:, :1]
     lse = top[:, 0] + np.log(np.exp(rows - top.astype(np.float32)).sum(axis=1, dtype=np.float64))
     return ids.astype(np.int64), vals - lse[:, None]
@@ -269,10 +273,11 @@ class PathRows:
         self.n_last = len(rows)
 
     def layer_input(self, lid: int, n_rows: int) -> np.ndarray:
-        return self.ctx.layer_input(lid, self.ctx.n_last)[self.rows[:n_rows]]
+        return self.layer_inputs((lid,), n_rows)[0]
 
     def layer_inputs(self, layer_ids, n_rows: int) -> list[np.ndarray]:
-        return [self.layer_input(lid, n_rows) for lid in layer_ids]
+        rows = self.rows[:n_rows]
+        return [v[rows] for v in self.ctx.layer_inputs(layer_ids, self.ctx.n_last)]
 
     def last_tokens(self) -> np.ndarray:
         return self.ctx.last_tokens()[self.rows]
@@ -287,7 +292,7 @@ def decode_tree(ctx, tree: Tree, n_past: int) -> None:
         raise LocalflashError(f"a tree of {tree.n_leaves} leaves needs a context of that many sequences, not {ctx.n_seq_max}")
     for s in range(1, tree.n_leaves):
         ctx.seq_copy(0, s)  # the committed text is every branch's prefix (no copy: the cells gain an id)
-    ctx.decode_rows(tree.tokens, n_past + tree.depth, tree.seqs, np.ones(tree.n, np.int8))
+    ctx.decode_rows(tree.tokens, n_past + tree.depth, tree.row_seqs, np.ones(tree.n, np.int8))
 
 
 def keep_path(ctx, tree: Tree, path: list[int], n_past: int) -> int:
