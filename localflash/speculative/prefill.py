@@ -11,6 +11,8 @@ checkpoint), the drafter sees each chunk (``on_target_decode``: DFlash reads its
 there), and on a recurrent target the chunks end right before the prompt's last token, where a
 checkpoint of the state is kept for a later prompt that repeats or continues this one; the last
 token is then a chunk of its own (its row is the one output).
+
+:class:`JoiningPrompts` is the slot pool's side of it: which chunks ride in a step, and a joined prompt's first token.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ class JoiningPrompts:
     """A :class:`~localflash.speculative.slots.SlotPool`'s joining prompts: each one's next chunk rides in a step's
     decode (within :func:`prefill_rows`), and its first token is sampled once the prompt is in."""
 
-    def _fill_parts(self, filling: list[SlotEngine], step_rows: int, step_outputs: int) -> list:
+    def _fill_parts(self, filling: list, step_rows: int, step_outputs: int) -> list:
         """The next chunk of each joining prompt for this step's decode, within :func:`~localflash.speculative.prefill.prefill_rows`."""
         decoding = any(s.request is not None and s.request.state == "decode" for s in self.slots)  # (one whose reader is behind too)
         budget = prefill_rows(self.policy.verify, step_rows, decoding, self.n_ubatch, self.ctx.n_batch)
@@ -123,7 +125,7 @@ class JoiningPrompts:
             parts.append((s, (s.ctx, tokens, start, outputs)))
         return parts
 
-    def _decode_with_fills(self, parts: list, filling: list[SlotEngine]) -> int:
+    def _decode_with_fills(self, parts: list, filling: list) -> int:
         """One decode: the step's ``parts`` and the joining prompts' next chunks; returns the prompt rows it carried.
 
         The joining slots' bookkeeping runs right after it, before anything else decodes on the
@@ -142,7 +144,7 @@ class JoiningPrompts:
             self._filled(s)
         return sum([len(f[1]) for _, f in fills])
 
-    def _fill_alone(self, filling: list[SlotEngine]) -> list[SlotEngine]:
+    def _fill_alone(self, filling: list) -> list:
         """Before a step's drafts: the next n_batch chunk of each joining prompt that goes alone (:meth:`_alone`),
         and its last token too when only that is left; returns the joining slots that ride in the step instead."""
         for s in [s for s in filling if self._alone(s)]:
@@ -154,7 +156,7 @@ class JoiningPrompts:
                 self._filled(s)
         return [s for s in filling if not self._alone(s)]
 
-    def _alone(self, s: SlotEngine) -> bool:
+    def _alone(self, s) -> bool:
         """Exact mode on a recurrent target: the joining prompt's chunks are the one-slot engine's (n_batch), each
         decoded by itself before a step's drafts (:meth:`_fill_alone`), so its micro-batches are a lone prefill's
         and its drafter takes it in where a lone prefill's does. In one decode with other sequences llama.cpp's
@@ -162,12 +164,12 @@ class JoiningPrompts:
         micro-batch takes vec_dot, not sgemm: engine.exact_options)."""
         return self.exact and s.ctx.recurrent
 
-    def _filled(self, s: SlotEngine) -> None:
+    def _filled(self, s) -> None:
         s.request.fill.decoded()
         if s.request.fill.complete:
             self._first_token(s)
 
-    def _first_token(self, slot: SlotEngine) -> None:
+    def _first_token(self, slot) -> None:
         """The joining prompt is in: sample and emit its first token; the request decodes from the next step."""
         req, st = slot.request, slot.request.stats
         last = req.sample(slot.ctx.logits(-1))
