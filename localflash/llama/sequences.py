@@ -43,6 +43,7 @@ class SeqView(RecurrentCache):
         self._out0 = 0  # ... and its first output row
         self._n_out = 0
         self._last_row = -1  # batch index of the row logits(-1) reads
+        self._rows = ctx.__dict__.setdefault("_view_rows", [-1, None])  # (decode number, its output rows' view)
         self._init_rollback(False, n_ubatch)
 
     # -- decoding -----------------------------------------------------------
@@ -93,17 +94,23 @@ class SeqView(RecurrentCache):
         return address_view(address, (self.model.n_vocab,))
 
     def all_logits(self) -> np.ndarray:
-        full = lib_address("llama_get_logits")(self.ptr)
-        return address_view(full, (self._out0 + self._n_out, self.model.n_vocab))[self._out0 :]
+        """This view's output rows of the last decode: a slice of one view of the whole batch's rows, read from
+        llama.cpp once a decode for every view (``_rows``: shared by the views of one context)."""
+        rows, base = self._rows, self.base
+        if rows[0] != base.n_decodes:
+            full = lib_address("llama_get_logits")(self.ptr)
+            rows[0], rows[1] = base.n_decodes, address_view(full, (base._n_out, self.model.n_vocab))
+        return rows[1][self._out0 : self._out0 + self._n_out]
 
     def layer_input(self, lid: int, n_rows: int) -> np.ndarray:
-        return self.base.layer_inputs((lid,), self._row0 + n_rows)[0][self._row0 :]
+        return self.layer_inputs((lid,), n_rows)[0]
 
     def layer_inputs(self, layer_ids, n_rows: int) -> list[np.ndarray]:
         """:meth:`layer_input` of each of ``layer_ids`` (what a DFlash drafter injects per cycle): the base
-        context's cached views of the whole batch, sliced to this view's rows."""
+        context's cached views of the whole batch (one shape a decode for every view, so the views are made once
+        a decode, not once a slot), sliced to this view's rows."""
         r0 = self._row0
-        return [v[r0:] for v in self.base.layer_inputs(layer_ids, r0 + n_rows)]
+        return [v[r0 : r0 + n_rows] for v in self.base.layer_inputs(layer_ids, self.base.n_last)]
 
     def nextn_rows(self, n_rows: int) -> np.ndarray:
         """Unmasked nextn hidden states of this view's rows of the last decode."""
@@ -132,40 +139,49 @@ def decode_views(ctx, parts: list[tuple[SeqView, list[int], int, bool | str]]) -
     """One decode carrying every part's rows: ``(view, tokens, start_pos, outputs)``.
 
     ``outputs``: ``"all"`` (or True), ``"last"`` (or False: its last row) or ``"none"``. Afterwards each
-    view reads its own rows (:meth:`SeqView.took`). With exact numerics (``min_rows`` 2) a batch of one
-    row is padded as a lone decode would be, and the padding cut off again.
+    view reads its own rows (:meth:`SeqView.took`). The rows go straight into the context's batch arrays
+    (slice copies a part; positions and sequence ids filled for all parts at once: no Python per row).
+    With exact numerics (``min_rows`` 2) a batch of one row is padded as a lone decode would be, and the
+    padding cut off again.
     """
-    toks: list[int] = []
-    pos: list[int] = []
-    seqs: list[int] = []
-    flags: list[int] = []
-    spans = []
-    n_out = 0
-    for view, tokens, start, outputs in parts:
+    b = ctx._batch
+    tok, flags, cap = b.token, b.logits, b.capacity
+    meta = np.empty((3, len(parts)), np.int64)  # each part's position offset (start - first row), rows, sequence
+    r = n_out = 0
+    for j, (view, tokens, start, outputs) in enumerate(parts):
         n = len(tokens)
-        outputs = {True: "all", False: "last"}.get(outputs, outputs)
-        outs = n if outputs == "all" else int(outputs == "last")
-        spans.append((view, len(toks), n_out, n, outs, start))
-        toks += tokens
-        pos += range(start, start + n)
-        seqs += [view.seq] * n
-        flags += [1] * n if outputs == "all" else [0] * (n - outs) + [1] * outs
+        if r + n > cap:
+            raise ValueError(f"batch of {r + n}+ tokens exceeds n_batch={ctx.n_batch}")
+        tok[r : r + n] = tokens
+        if outputs is True or outputs == "all":
+            flags[r : r + n] = 1
+            outs = n
+        else:
+            flags[r : r + n] = 0
+            outs = 1 if outputs is False or outputs == "last" else 0
+            if outs:
+                flags[r + n - 1] = 1
+        meta[0, j], meta[1, j], meta[2, j] = start - r, n, view.seq
+        view._taking = (r, n_out, n, outs, start)  # (set on the view once the decode went through)
+        r += n
         n_out += outs
-    pad = ctx.min_rows - len(toks) if len(toks) < ctx.min_rows else 0
+    pad = ctx.min_rows - r if r < ctx.min_rows else 0
+    if pad:  # copies of the last row, outputs too if the real rows have any: the head multiplies a batch
+        tok[r : r + pad] = tok[r - 1]
+        flags[r : r + pad] = int(n_out > 0)
+        meta[1, -1] += pad
+    rows = r + pad
+    lens = meta[1]
+    np.add(b._steps[:rows], meta[0].repeat(lens), out=b.pos[:rows])
+    ctx.decode_rows(tok[:rows], b.pos[:rows], meta[2].repeat(lens), flags[:rows])
+    for view, *_ in parts:  # (SeqView.took and RecurrentCache._decoded, inline)
+        row0, out0, n, outs, start = view._taking
+        view._row0, view._out0, view.n_last, view._n_out, view._last_row = row0, out0, n, outs, row0 + n - 1
+        view._last_start, view.end, view._rolled = start, start + n, False
     if pad:
-        view, start = parts[-1][0], pos[-1] + 1
-        toks += [toks[-1]] * pad
-        pos += range(start, start + pad)
-        seqs += [view.seq] * pad
-        flags += [int(n_out > 0)] * pad  # outputs too if the real rows have any: the head multiplies a batch
-    ctx.decode_rows(toks, np.asarray(pos, np.int32), seqs, flags)
-    for view, row0, out0, n, outs, start in spans:
-        view._decoded(start, n)
-        view.took(row0, out0, n, outs)
-    if pad:
-        view = parts[-1][0]
-        view._decoded(spans[-1][5], spans[-1][3] + pad)
-        view.seq_rm(spans[-1][5] + spans[-1][3])
+        _row0, _out0, n, _outs, start = view._taking
+        view._decoded(start, n + pad)
+        view.seq_rm(start + n)
 
 
 def decode_embd_views(ctx, parts: list[tuple[SeqView, list, int, int]]) -> None:

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 
-from localflash.speculative.grammar import host_sampler
+from localflash.speculative.grammar import ConstrainedSampler, host_sampler
 from localflash.speculative.stats import Stats
 
 
@@ -119,9 +119,11 @@ class SlotRequest:
         self.prompt = prompt
         self.max_tokens = max_tokens
         self.sample = host_sampler(target, sampling)  # constrained when the request has a grammar
+        self.constrained = isinstance(self.sample, ConstrainedSampler)  # (its drafts are cut at the grammar's first reject)
         self.draft_max = draft_max
         self.stats = Stats()
-        self.out: queue.Queue = queue.Queue()
+        self.out: queue.SimpleQueue = queue.SimpleQueue()  # (a put is one C call: no lock and condition in Python)
+        self.emitted = self.taken = 0  # emits put and taken by the caller (each counted by its own thread alone)
         self.cancelled = False
         self.idle = threading.Event()  # set once the pool let go of the request (its slot is consistent)
         self.state = "waiting"  # waiting | prefill | decode
@@ -135,4 +137,5 @@ class SlotRequest:
         self.t_kv_wait = 0.0  # when it began to wait for room (0: it did not)
 
     def emit(self, kind: str, value=None) -> None:
+        self.emitted += 1
         self.out.put((kind, value, self.stats.snapshot()))  # the figures as of this emit (the pool goes on updating its own)

@@ -11,9 +11,13 @@ checkpoint), the drafter sees each chunk (``on_target_decode``: DFlash reads its
 there), and on a recurrent target the chunks end right before the prompt's last token, where a
 checkpoint of the state is kept for a later prompt that repeats or continues this one; the last
 token is then a chunk of its own (its row is the one output).
+
+:class:`JoiningPrompts` is the slot pool's side of it: which chunks ride in a step, and a joined prompt's first token.
 """
 
 from __future__ import annotations
+
+from localflash.llama.sequences import decode_views
 
 PREFILL_MIN_ROWS = 16  # a joining prompt's chunk in a step with decoding slots is never smaller (it always gets on)
 
@@ -98,3 +102,93 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+class JoiningPrompts:
+    """A :class:`~localflash.speculative.slots.SlotPool`'s joining prompts: each one's next chunk rides in a step's
+    decode (within :func:`prefill_rows`), and its first token is sampled once the prompt is in."""
+
+    def _fill_parts(self, filling: list, step_rows: int, step_outputs: int) -> list:
+        """The next chunk of each joining prompt for this step's decode, within :func:`~localflash.speculative.prefill.prefill_rows`."""
+        decoding = any(s.request is not None and s.request.state == "decode" for s in self.slots)  # (one whose reader is behind too)
+        budget = prefill_rows(self.policy.verify, step_rows, decoding, self.n_ubatch, self.ctx.n_batch)
+        outs = self.ctx.n_outputs_max - step_outputs
+        parts = []
+        for s in filling:
+            if budget <= 0:
+                continue
+            tokens, start, outputs = s.request.fill.chunk(budget)
+            if outputs == "last" and outs <= 0:  # no output row left in this decode: the prompt's last token waits a step
+                continue
+            outs -= outputs == "last"
+            budget -= len(tokens)
+            parts.append((s, (s.ctx, tokens, start, outputs)))
+        return parts
+
+    def _decode_with_fills(self, parts: list, filling: list) -> int:
+        """One decode: the step's ``parts`` and the joining prompts' next chunks; returns the prompt rows it carried.
+
+        The joining slots' bookkeeping runs right after it, before anything else decodes on the
+        target (a prompt's last row is sampled from this decode's logits).
+        """
+        if not filling:  # (most steps: nothing joins)
+            if parts:
+                decode_views(self.ctx, parts)
+            return 0
+        step_rows = sum([len(p[1]) for p in parts])
+        step_outputs = sum([len(p[1]) if p[3] in (True, "all") else 1 for p in parts])
+        fills = self._fill_parts(filling, step_rows, step_outputs)
+        if parts or fills:
+            decode_views(self.ctx, parts + [f for _, f in fills])
+        for s, _part in fills:
+            self._filled(s)
+        return sum([len(f[1]) for _, f in fills])
+
+    def _fill_alone(self, filling: list) -> list:
+        """Before a step's drafts: the next n_batch chunk of each joining prompt that goes alone (:meth:`_alone`),
+        and its last token too when only that is left; returns the joining slots that ride in the step instead."""
+        for s in [s for s in filling if self._alone(s)]:
+            fill = s.request.fill
+            decode_views(self.ctx, [(s.ctx, *fill.chunk(self.ctx.n_batch))])
+            self._filled(s)
+            if s.request is not None and s.request.fill is fill and fill.done == fill.split == len(fill.prompt) - 1:
+                decode_views(self.ctx, [(s.ctx, *fill.chunk(1))])  # the checkpoint is taken: the last token, as a lone prefill
+                self._filled(s)
+        return [s for s in filling if not self._alone(s)]
+
+    def _alone(self, s) -> bool:
+        """Exact mode on a recurrent target: the joining prompt's chunks are the one-slot engine's (n_batch), each
+        decoded by itself before a step's drafts (:meth:`_fill_alone`), so its micro-batches are a lone prefill's
+        and its drafter takes it in where a lone prefill's does. In one decode with other sequences llama.cpp's
+        equal split cuts them elsewhere, and a hybrid's exactness holds only for equal row counts (a one-row
+        micro-batch takes vec_dot, not sgemm: engine.exact_options)."""
+        return self.exact and s.ctx.recurrent
+
+    def _filled(self, s) -> None:
+        s.request.fill.decoded()
+        if s.request.fill.complete:
+            self._first_token(s)
+
+    def _first_token(self, slot) -> None:
+        """The joining prompt is in: sample and emit its first token; the request decodes from the next step."""
+        req, st = slot.request, slot.request.stats
+        last = req.sample(slot.ctx.logits(-1))
+        if not (self.policy.off and slot.drafter.lazy_prompt):  # drafting off: a draft model need not take the prompt in
+            slot.drafter.on_prompt(req.prompt)
+        req.fill = None
+        st.t_prefill = self.clock() - req.t_fill
+        st.prompt_tokens = len(req.prompt)
+        req.history = req.prompt + [last]
+        req.last = last
+        req.t_start = self.clock()
+        if self.target.is_eog(last):
+            st.stop = "eog"
+            self._finish(slot)
+            return
+        st.generated = 1
+        req.emit("tokens", [last])
+        if st.generated >= req.max_tokens:
+            st.stop = "length"
+            self._finish(slot)
+            return
+        req.state = "decode"

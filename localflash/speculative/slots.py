@@ -31,11 +31,11 @@ import time
 import traceback
 
 from localflash.errors import LocalflashError
-from localflash.llama.sequences import SeqView, decode_views
+from localflash.llama.sequences import SeqView
 from localflash.speculative.group import DrafterGroup
 from localflash.speculative.kv_pool import KvPool, SlotRequest
 from localflash.speculative.loop import Engine, check_prompt, verify_block
-from localflash.speculative.prefill import PromptFill, prefill_rows
+from localflash.speculative.prefill import JoiningPrompts, PromptFill
 from localflash.speculative.grammar import finish, host_sampler, trim_draft
 from localflash.speculative.stats import Stats
 from localflash.speculative.step_policy import StepPolicy
@@ -53,6 +53,10 @@ class SlotEngine(Engine):
         self.calibrated = True  # the pool measures step costs (StepPolicy), not each slot
         self.request: SlotRequest | None = None
         self.last_reused = 0  # prompt tokens the last request took from this slot's cache
+        # this slot's part of the pool's current step (SlotPool._step): where its rows start, its draft length cap,
+        # its draft and its share of the drafter group's time
+        self.n_past, self.limit, self.draft, self.n_draft, self.t_draft = 0, 0, [], 0, 0.0
+        self.m, self.kept, self.t_cut = 0, 0, 0.0  # drafts accepted, where its cache ends, its share of the cuts' time
 
     def generate(self, prompt, max_tokens, sampling=None, stats=None, draft_max=None, cancel=None):
         st = stats if stats is not None else Stats()
@@ -64,6 +68,7 @@ class SlotEngine(Engine):
         try:
             while True:
                 kind, value, snap = req.out.get()
+                req.taken += 1
                 self.pool.wake()  # the pool steps a slot again once its last tokens were taken
                 st.__dict__.update(snap.__dict__)
                 if kind == "tokens":
@@ -85,7 +90,7 @@ class SlotEngine(Engine):
         self.pool.call(lambda: Engine.reset(self))
 
 
-class SlotPool:
+class SlotPool(JoiningPrompts):
     """N slots on one target context; see the module docstring.
 
     ``clock``: where the step costs the policy weighs come from (tests inject a cost model), as ``Engine.clock``.
@@ -112,6 +117,7 @@ class SlotPool:
         self._calls: list = []
         self._joining: list[SlotEngine] = []
         self.unified = bool(getattr(ctx, "kv_unified", False)) and len(drafters) > 1
+        self.recurrent = self.slots[0].ctx.recurrent  # (every slot's view is of the one target)
         self.kv = KvPool(self, ctx.n_ctx, len(drafters))  # the unified pool's admission (kv_pool.py); idle with split streams
         self._cv = threading.Condition()
         self._closing = False
@@ -222,7 +228,7 @@ class SlotPool:
 
     def _ready(self) -> list[SlotEngine]:
         """Decoding slots whose caller is at most BACKLOG emits behind (a slow reader holds back only its own slot)."""
-        return [s for s in self.slots if s.request is not None and s.request.state == "decode" and len(s.request.out.queue) < BACKLOG]
+        return [s for s in self.slots if s.request is not None and s.request.state == "decode" and s.request.emitted - s.request.taken < BACKLOG]
 
     def _filling(self) -> list[SlotEngine]:
         """Slots whose request's prompt is going in (a chunk in each step)."""
@@ -315,184 +321,114 @@ class SlotPool:
         self.kv.used(slot)
         req.state = "prefill"
 
-    def _fill_parts(self, filling: list[SlotEngine], step_rows: int, step_outputs: int) -> list:
-        """The next chunk of each joining prompt for this step's decode, within :func:`~localflash.speculative.prefill.prefill_rows`."""
-        decoding = any(s.request is not None and s.request.state == "decode" for s in self.slots)  # (one whose reader is behind too)
-        budget = prefill_rows(self.policy.verify, step_rows, decoding, self.n_ubatch, self.ctx.n_batch)
-        outs = self.ctx.n_outputs_max - step_outputs
-        parts = []
-        for s in filling:
-            if budget <= 0:
-                continue
-            tokens, start, outputs = s.request.fill.chunk(budget)
-            if outputs == "last" and outs <= 0:  # no output row left in this decode: the prompt's last token waits a step
-                continue
-            outs -= outputs == "last"
-            budget -= len(tokens)
-            parts.append((s, (s.ctx, tokens, start, outputs)))
-        return parts
-
-    def _decode_with_fills(self, parts: list, filling: list[SlotEngine]) -> int:
-        """One decode: the step's ``parts`` and the joining prompts' next chunks; returns the prompt rows it carried.
-
-        The joining slots' bookkeeping runs right after it, before anything else decodes on the
-        target (a prompt's last row is sampled from this decode's logits).
-        """
-        if not filling:  # (most steps: nothing joins)
-            if parts:
-                decode_views(self.ctx, parts)
-            return 0
-        step_rows = sum([len(p[1]) for p in parts])
-        step_outputs = sum([len(p[1]) if p[3] in (True, "all") else 1 for p in parts])
-        fills = self._fill_parts(filling, step_rows, step_outputs)
-        if parts or fills:
-            decode_views(self.ctx, parts + [f for _, f in fills])
-        for s, _part in fills:
-            self._filled(s)
-        return sum([len(f[1]) for _, f in fills])
-
-    def _fill_alone(self, filling: list[SlotEngine]) -> list[SlotEngine]:
-        """Before a step's drafts: the next n_batch chunk of each joining prompt that goes alone (:meth:`_alone`),
-        and its last token too when only that is left; returns the joining slots that ride in the step instead."""
-        for s in [s for s in filling if self._alone(s)]:
-            fill = s.request.fill
-            decode_views(self.ctx, [(s.ctx, *fill.chunk(self.ctx.n_batch))])
-            self._filled(s)
-            if s.request is not None and s.request.fill is fill and fill.done == fill.split == len(fill.prompt) - 1:
-                decode_views(self.ctx, [(s.ctx, *fill.chunk(1))])  # the checkpoint is taken: the last token, as a lone prefill
-                self._filled(s)
-        return [s for s in filling if not self._alone(s)]
-
-    def _alone(self, s: SlotEngine) -> bool:
-        """Exact mode on a recurrent target: the joining prompt's chunks are the one-slot engine's (n_batch), each
-        decoded by itself before a step's drafts (:meth:`_fill_alone`), so its micro-batches are a lone prefill's
-        and its drafter takes it in where a lone prefill's does. In one decode with other sequences llama.cpp's
-        equal split cuts them elsewhere, and a hybrid's exactness holds only for equal row counts (a one-row
-        micro-batch takes vec_dot, not sgemm: engine.exact_options)."""
-        return self.exact and s.ctx.recurrent
-
-    def _filled(self, s: SlotEngine) -> None:
-        s.request.fill.decoded()
-        if s.request.fill.complete:
-            self._first_token(s)
-
-    def _first_token(self, slot: SlotEngine) -> None:
-        """The joining prompt is in: sample and emit its first token; the request decodes from the next step."""
-        req, st = slot.request, slot.request.stats
-        last = req.sample(slot.ctx.logits(-1))
-        if not (self.policy.off and slot.drafter.lazy_prompt):  # drafting off: a draft model need not take the prompt in
-            slot.drafter.on_prompt(req.prompt)
-        req.fill = None
-        st.t_prefill = self.clock() - req.t_fill
-        st.prompt_tokens = len(req.prompt)
-        req.history = req.prompt + [last]
-        req.last = last
-        req.t_start = self.clock()
-        if self.target.is_eog(last):
-            st.stop = "eog"
-            self._finish(slot)
-            return
-        st.generated = 1
-        req.emit("tokens", [last])
-        if st.generated >= req.max_tokens:
-            st.stop = "length"
-            self._finish(slot)
-            return
-        req.state = "decode"
-
     def _step(self, active: list[SlotEngine], filling: list[SlotEngine] = ()) -> None:
-        """One batched draft–verify cycle over every active slot (``filling``: joining prompts riding along)."""
+        """One batched draft–verify cycle over every active slot (``filling``: joining prompts riding along).
+
+        Each slot's part of the step is kept on the slot (``n_past``, ``limit``, ``draft``, ...) and read by list
+        comprehensions: a slot costs its verify, its cut and its commit, and the step's own work is done once."""
         plans = []
         for s in active:
-            req, n_past = s.request, len(s.tokens)
+            req = s.request
+            n_past = len(s.tokens)
             room = s.ctx.n_ctx - n_past - 1
             if room < 0:
                 req.stats.stop = "context"
                 self._finish(s)
                 continue
-            cap = s.policy.max_draft if req.draft_max is None else min(req.draft_max, s.policy.max_draft)
-            limit = min(room, req.max_tokens - req.stats.generated - 1, cap)
-            if not (s.drafting and n_past + 1 + s.policy.max_draft <= s.drafter.ctx_limit):
+            top = s.policy.max_draft
+            limit = req.max_tokens - req.stats.generated - 1  # the least of the reply's budget, the room, the caps
+            limit = room if room < limit else limit
+            limit = top if top < limit else limit
+            if req.draft_max is not None and req.draft_max < limit:
+                limit = req.draft_max
+            if limit < 0 or not (s.drafting and n_past + 1 + top <= s.drafter.ctx_limit):
                 limit = 0
-            plans.append([s, n_past, max(0, limit), [], 0.0])
+            s.n_past, s.limit, s.draft, s.n_draft, s.t_draft = n_past, limit, [], 0, 0.0
+            plans.append(s)
         filling = self._fill_alone(filling)
         if not plans:
             self._decode_with_fills([], filling)
             return
-        k = self.policy.choose([(p[0].policy, p[2]) for p in plans])
+        k = self.policy.choose([(s.policy, s.limit) for s in plans])
         if self.policy.probe_slot is not None:  # a probe drafts on one slot, not on all (step_policy.py)
-            for j, p in enumerate(plans):
-                p[2] = p[2] if j == self.policy.probe_slot else 0
-        asking = [p for p in plans if min(k, p[2])]
+            for j, s in enumerate(plans):
+                s.limit = s.limit if j == self.policy.probe_slot else 0
+        asking = [s for s in plans if s.limit] if k else []
         t_group = 0.0  # the drafter group's time in this step (its drafts and its intake of what they committed)
         if asking:  # every drafting slot's draft from one group call (DFlash: one decode), its time shared out
             td = self.clock()
-            drafts = self.group.propose([(p[0].index, p[0].request.history, p[1], min(k, p[2])) for p in asking])
+            drafts = self.group.propose([(s.index, s.request.history, s.n_past, k if k < s.limit else s.limit) for s in asking])
             t_group = self.clock() - td
             share = t_group / len(asking)
-            for p, draft in zip(asking, drafts):
-                p[3], p[4] = trim_draft(p[0].request.sample, draft), share  # cut at a grammar's first reject
-        for s, _n_past, _limit, draft, _td in plans:
-            if draft and s.ctx.recurrent and len(draft) > s.ctx.n_rs_seq:
-                s.ctx.checkpoint(transient=True)  # no snapshot reaches back (qwen3next): restore + replay on a miss
+            for s, draft in zip(asking, drafts):
+                s.draft = trim_draft(s.request.sample, draft) if s.request.constrained else draft  # cut at a grammar's first reject
+                s.n_draft, s.t_draft = len(s.draft), share
+                if self.recurrent and s.n_draft > s.ctx.n_rs_seq:
+                    s.ctx.checkpoint(transient=True)  # no snapshot reaches back (qwen3next): restore + replay on a miss
         tv = self.clock()
-        prompt_rows = self._decode_with_fills([(p[0].ctx, [p[0].request.last] + p[3], p[1], bool(p[3])) for p in plans], filling)
-        rows = len(plans)
-        verified = []
+        prompt_rows = self._decode_with_fills([(s.ctx, [s.request.last] + s.draft, s.n_past, bool(s.draft)) for s in plans], filling)
         is_eog = self.target.is_eog
-        for s, n_past, _limit, draft, _td in plans:
-            rows += len(draft)
-            new = verify_block(s.ctx, draft, s.request.sample, is_eog)
-            m = len(new) - 1
-            s.tokens += [s.request.last] + draft[:m]
-            verified.append(new)
+        verified = [verify_block(s.ctx, s.draft, s.request.sample, is_eog) for s in plans]
         t_decode = self.clock() - tv
+        rows = len(plans) + sum([s.n_draft for s in plans])
         if not prompt_rows:  # the step costs by rows are of steps alone
             self.policy.record(rows, t_decode)
         self.steps += 1
         self.rows_decoded += rows
-        self.most_active = max(self.most_active, len(plans))
+        if len(plans) > self.most_active:
+            self.most_active = len(plans)
+        for s, new in zip(plans, verified):
+            s.m = m = len(new) - 1  # drafts accepted
+            s.tokens += [s.request.last] + s.draft[:m]
+            s.kept, s.t_cut = s.n_past + 1 + m, 0.0  # where its cache must end
         # cuts that need no decode first, right after the decode whose rows (snapshots, layer inputs) they use, then
         # every such slot's drafter takes in its committed rows in one group call; then the cuts that replay (a
-        # target decode of that slot alone), each followed by its own drafter's intake
-        quick = [i for i in range(len(plans)) if plans[i][0].ctx.rollback_ok(len(plans[i][0].tokens))]
-        replay = [i for i in range(len(plans)) if i not in quick]
-        t_cut = [0.0] * len(plans)
-        for batch in [quick] + [[i] for i in replay]:
-            for i in batch:
-                s, draft, m = plans[i][0], plans[i][3], len(verified[i]) - 1
-                if m < len(draft):
-                    t0 = self.clock()
-                    s._cut(len(s.tokens))
-                    t_cut[i] = self.clock() - t0
+        # target decode of that slot alone), each followed by its own drafter's intake. A batch's cut time is
+        # shared out among the slots it cut.
+        quick = [s for s in plans if s.ctx.rollback_ok(s.kept)] if self.recurrent else plans
+        for batch in [quick] + [[s] for s in plans if s not in quick]:
+            cut = [s for s in batch if s.m < s.n_draft]  # a draft token was rejected
+            if cut:
+                t0 = self.clock()
+                for s in cut:
+                    if batch is quick:
+                        s.ctx.seq_rm(s.kept, -1, True)  # (Engine._cut's rewind, already known to be a plain cut)
+                    else:
+                        s._cut(s.kept)
+                share = (self.clock() - t0) / len(cut)
+                for s in cut:
+                    s.t_cut = share
             if batch:
                 td = self.clock()
-                self.group.on_target_decode([(plans[i][0].index, plans[i][0].ctx, plans[i][1], len(verified[i])) for i in batch])
-                t_in = self.clock() - td
-                t_group += t_in
-                share = t_in / len(batch)
-                for i in batch:
-                    plans[i][4] += share
+                self.group.on_target_decode([(s.index, s.ctx, s.n_past, s.m + 1) for s in batch])
+                share = self.clock() - td
+                t_group += share
+                share /= len(batch)
+                for s in batch:
+                    s.t_draft += share
         if asking:  # a shared drafter's decodes carry every drafting slot: the step waits for them whole (step_policy.py)
-            self.policy.record_draft(min(k, max([p[2] for p in asking])), t_group)  # (the longest draft asked)
-        for i, (s, _n_past, _limit, draft, t_draft) in enumerate(plans):
-            self._commit(s, draft, verified[i], t_decode + t_cut[i], t_draft)
+            self.policy.record_draft(min(k, max([s.limit for s in asking])), t_group)  # (the longest draft asked)
+        for s, new in zip(plans, verified):
+            self._commit(s, new, t_decode + s.t_cut)
 
-    def _commit(self, s: SlotEngine, draft: list[int], new: list[int], t_target: float, t_draft: float) -> None:
-        req, st = s.request, s.request.stats
-        m = len(new) - 1
-        s.policy.record(len(draft), m, t_target, t_draft)
-        st.record_cycle(len(draft), m, len(new))
+    def _commit(self, s: SlotEngine, new: list[int], t_target: float) -> None:
+        """Slot ``s``'s verified tokens ``new`` (its step's ``draft``, ``m`` accepted) into its request and policy."""
+        req, st, m, t_draft = s.request, s.request.stats, s.m, s.t_draft
+        s.policy.record(s.n_draft, m, t_target, t_draft)
+        st.record_cycle(s.n_draft, m, m + 1)
         st.t_target += t_target
         st.t_draft += t_draft
-        req.last = new[-1]
+        req.last = last = new[-1]
         req.history += new
-        if self.target.is_eog(req.last):
-            new = new[:-1]
+        n = m + 1
+        if self.target.is_eog(last):
+            new, n = new[:-1], m
             st.stop = "eog"
-        new = new[: req.max_tokens - st.generated]
-        st.generated += len(new)
-        if new:
+        left = req.max_tokens - st.generated
+        if n > left:
+            new, n = new[:left], left
+        st.generated += n
+        if n:
             req.emit("tokens", new)
         if not st.stop and st.generated >= req.max_tokens:
             st.stop = "length"

@@ -29,7 +29,10 @@ alone, which made drafting look cheap on the steps where fewer slots were left (
 
 from __future__ import annotations
 
-from localflash.speculative.adapt import MARGIN, PROBE_DRAFT, PROBE_EVERY, PROBE_MAX, CostTable, probe_floor
+import numpy as np
+
+from localflash.speculative.adapt import (MARGIN, PRIOR_HITS, PRIOR_TRIES, PROBE_DRAFT, PROBE_EVERY, PROBE_MAX, CostTable,
+                                          probe_floor)
 
 
 class StepPolicy:
@@ -67,7 +70,9 @@ class StepPolicy:
         limits = [lim for _, lim in slots]
         top = max([0] + limits)
         top = min(top, self.max_draft)
-        while top and self.rows(limits, top) > self.max_rows:
+        drafts = np.minimum(np.arange(top + 1), np.array(limits)[:, None])  # [slot, k]: what each slot drafts at k
+        rows = (len(limits) + drafts.sum(axis=0)).tolist()  # rows(limits, k) for every k
+        while top and rows[top] > self.max_rows:
             top -= 1
         if top == 0:
             self.last_choice = 0
@@ -77,24 +82,24 @@ class StepPolicy:
             return top
         best, best_score = 0, -1.0
         floor = 0.0
+        expected = self.expected([p for p, _ in slots], drafts[:, : top + 1])
         for k in range(top + 1):
-            v = self.verify(self.rows(limits, k))
+            v = self.verify(rows[k])
             if v is None:
                 self.last_choice = top  # nothing measured yet: try the full length once
                 return top
             cost = v
-            expected = 0.0
-            for policy, lim in slots:
-                kk = min(k, lim)
-                expected += policy.expected_tokens(kk)
-                if kk and not self.shared_draft:
-                    cost += policy.draft(kk if policy.draft_cost_grows else 1) or 0.0
+            if not self.shared_draft:  # each slot's own drafter: its measured draft cost
+                for policy, lim in slots:
+                    kk = k if k < lim else lim
+                    if kk:
+                        cost += policy.draft(kk if policy.draft_cost_grows else 1) or 0.0
             if k and self.shared_draft:  # one set of decodes for every drafting slot: the step's measured cost
                 cost += self.draft(k if self.draft_cost_grows else 1) or 0.0
             floor = cost = max(cost, floor)  # a longer draft never costs less
             if cost <= 0:
                 continue
-            score = expected / cost
+            score = expected[k] / cost
             if k == 0:
                 best_score = score * (1.0 + MARGIN)
             elif score > best_score:
@@ -115,6 +120,23 @@ class StepPolicy:
             self.cycles_off, self.probe_wait, self.probing = 0, PROBE_EVERY, False
         self.last_choice = best
         return best
+
+    @staticmethod
+    def expected(policies: list, drafts: np.ndarray) -> list[float]:
+        """Expected tokens of the step at each k: the sum over slots of each slot's
+        ``DraftPolicy.expected_tokens(drafts[slot, k])``, for all slots and lengths at once (the same sums in the
+        same order: 1 + the running products of the acceptance rates, added up slot after slot)."""
+        n = drafts.shape[1] - 1
+        if not n:
+            return [float(len(policies))]
+        hits = np.array([p.hits[:n] for p in policies], np.float64)
+        tries = np.array([p.tries[:n] for p in policies], np.float64)
+        run = np.cumprod((hits + PRIOR_HITS) / (tries + PRIOR_TRIES), axis=1)
+        each = np.cumsum(np.concatenate([np.ones((len(policies), 1)), run], axis=1), axis=1)  # [slot, j]: E_slot(j)
+        total = 0.0
+        for row, d in zip(each, drafts):  # slot after slot, as a loop of += would add them
+            total = total + row[d]
+        return total.tolist()
 
     def probe_floor(self, policy, limits: list[int]) -> float:
         """Plain steps to wait at least before a probe (:func:`~localflash.speculative.adapt.probe_floor`):

@@ -38,52 +38,62 @@ MAX_LEAVES = 16  # sequence ids a tree may use (the target context's n_seq_max)
 
 @dataclass
 class Tree:
-    """Nodes in depth-first order (node 0: the root, the last committed token); ``parents[i] < i``."""
+    """Nodes in depth-first order (node 0: the root, the last committed token); ``parents[i] < i``.
+
+    Built with array operations and call-free loops over plain lists (no Python call per node):
+    ``depth`` is given by the builders that know it; a node's sequences are the leaves of its subtree,
+    which in depth-first order are the nodes from it up to the next node no deeper than it.
+    """
 
     tokens: np.ndarray  # int32 [n]
     parents: np.ndarray  # int32 [n], parents[0] = -1
     scores: np.ndarray = field(default=None)  # drafter log-probability of each node's path (0 at the root), if known
     rank: np.ndarray = field(default=None)  # the order nodes were chosen in (best first): the first j form the best j-node tree
-    depth: np.ndarray = field(init=False)
+    depth: np.ndarray = field(default=None)  # each node's depth (the root's 0); found from ``parents`` if not given
     seqs: list = field(init=False)  # each node's sequence ids: the leaves below it
+    row_seqs: list = field(init=False)  # the same as a batch's rows take them: an int where one leaf is below (no list to walk)
     n_leaves: int = field(init=False)
-    _children: list = field(init=False)
+    _kids: dict = field(init=False)  # (parent, token) -> its first (likelier) child holding that token
 
     def __post_init__(self):
         n = len(self.tokens)
         self.tokens = np.asarray(self.tokens, np.int32)
-        self.parents = np.asarray(self.parents, np.int32)
+        par = self.parents = np.asarray(self.parents, np.int32)
         if self.scores is None:
             self.scores = np.zeros(n)
         if self.rank is None:
             self.rank = np.arange(n)
-        self.depth = np.zeros(n, np.int32)
-        self._children = [dict() for _ in range(n)]
-        for i in range(1, n):
-            p = int(self.parents[i])
-            if not 0 <= p < i:
-                raise ValueError(f"node {i}: parent {p} must come before it")
-            self.depth[i] = self.depth[p] + 1
-            self._children[p].setdefault(int(self.tokens[i]), i)  # a repeated token: the first (likelier) child
-        leaf = [not c for c in self._children]
-        first = np.full(n, -1, np.int64)
-        last = np.full(n, -1, np.int64)
-        seq = 0
-        for i in range(n):  # depth-first order: a node's leaves are numbered consecutively
-            if leaf[i]:
-                first[i] = last[i] = seq
-                seq += 1
-        for i in range(n - 1, 0, -1):
-            p = self.parents[i]
-            first[p] = first[i] if first[p] < 0 else min(first[p], first[i])
-            last[p] = max(last[p], last[i])
-        self.n_leaves = seq
-        self.seqs = [list(range(int(first[i]), int(last[i]) + 1)) for i in range(n)]
+        idx = np.arange(n)
+        bad = (par[1:] < 0) | (par[1:] >= idx[1:])
+        if bad.any():
+            i = int(bad.argmax()) + 1
+            raise ValueError(f"node {i}: parent {int(par[i])} must come before it")
+        plist = par.tolist()
+        if self.depth is None:
+            d = [0] * n
+            for i in range(1, n):
+                d[i] = d[plist[i]] + 1
+            self.depth = d
+        depth = self.depth = np.asarray(self.depth, np.int32)
+        later = (depth[None, :] <= depth[:, None]) & (idx[None, :] > idx[:, None])
+        end = np.where(later.any(axis=1), later.argmax(axis=1), n)  # node i's subtree: i .. end[i] - 1
+        if (end[par[1:]] <= idx[1:]).any():
+            raise ValueError("the nodes are not in depth-first order (a node lies outside its parent's subtree)")
+        leaf = np.ones(n, bool)
+        leaf[par[1:]] = False
+        before = np.concatenate(([0], np.cumsum(leaf)))  # leaves before each index
+        self.n_leaves = int(before[n])
+        spans = list(zip(before[:n].tolist(), before[end].tolist()))
+        self.seqs = [list(range(f, last)) for f, last in spans]
+        self.row_seqs = [f if last - f == 1 else list(range(f, last)) for f, last in spans]
+        toks = self.tokens.tolist()  # a repeated token under one parent: the first (likelier) child, so filled last to first
+        self._kids = dict(zip(zip(plist[::-1], toks[::-1]), range(n - 1, -1, -1)))
 
     @classmethod
     def chain(cls, root: int, draft: list[int]) -> "Tree":
         """The one-leaf tree: ``root`` followed by ``draft``."""
-        return cls(np.array([root] + list(draft), np.int32), np.arange(-1, len(draft), dtype=np.int32))
+        return cls(np.array([root] + list(draft), np.int32), np.arange(-1, len(draft), dtype=np.int32),
+                   depth=np.arange(len(draft) + 1, dtype=np.int32))
 
     @property
     def n(self) -> int:
@@ -95,7 +105,7 @@ class Tree:
 
     def child(self, node: int, token: int) -> int:
         """The child of ``node`` holding ``token``, or -1."""
-        return self._children[node].get(token, -1)
+        return self._kids.get((node, token), -1) if node >= 0 else -1
 
     def path(self, node: int) -> list[int]:
         out = [node]
@@ -104,21 +114,28 @@ class Tree:
         return out[::-1]
 
 
-def depth_first(tokens: list[int], parents: list[int], scores: list[float]) -> Tree:
-    """A Tree from nodes in any parent-first order, laid out depth-first, each node's children in the given order."""
+def depth_first(tokens: list[int], parents: list[int], scores: list[float], depth: list[int] | None = None) -> Tree:
+    """A Tree from nodes in any parent-first order, laid out depth-first, each node's children in the given order.
+
+    Each node's place comes from the subtree sizes (summed leaves first, then handed out parents first):
+    two loops over plain lists, no Python call per node."""
     n = len(tokens)
-    kids: list[list[int]] = [[] for _ in range(n)]
+    size = [1] * n
+    for i in range(n - 1, 0, -1):
+        size[parents[i]] += size[i]
+    pos, free = [0] * n, [1] * n  # each node's place; the next free place under each node (right after it, at first)
     for i in range(1, n):
-        kids[parents[i]].append(i)
-    order, stack = [], [0]
-    while stack:
-        i = stack.pop()
-        order.append(i)
-        stack.extend(reversed(kids[i]))
-    where = {old: new for new, old in enumerate(order)}
-    return Tree(np.array([tokens[i] for i in order], np.int32),
-                np.array([-1] + [where[parents[i]] for i in order[1:]], np.int32),
-                np.array([scores[i] for i in order]), np.array(order))
+        p = parents[i]
+        pos[i] = q = free[p]
+        free[p] = q + size[i]
+        free[i] = q + 1
+    where = np.asarray(pos, np.int64)
+    order = np.empty(n, np.int64)
+    order[where] = np.arange(n)
+    new_parents = np.full(n, -1, np.int32)
+    new_parents[where[1:]] = where[np.asarray(parents[1:], np.int64)]
+    return Tree(np.asarray(tokens, np.int32)[order], new_parents, np.asarray(scores, np.float64)[order], order,
+                None if depth is None else np.asarray(depth, np.int32)[order])
 
 
 def prune(tree: Tree, n: int) -> Tree:
@@ -135,8 +152,8 @@ def subtree(tree: Tree, keep) -> Tree:
         return tree
     where = np.full(tree.n, -1, np.int64)
     where[keep] = np.arange(len(keep))
-    parents = np.array([-1] + [where[p] for p in tree.parents[keep[1:]]], np.int32)
-    return Tree(tree.tokens[keep], parents, tree.scores[keep], tree.rank[keep])
+    parents = np.concatenate(([-1], where[tree.parents[keep[1:]]])).astype(np.int32)
+    return Tree(tree.tokens[keep], parents, tree.scores[keep], tree.rank[keep], tree.depth[keep])
 
 
 def best_first(root: int, expand, budget: int, max_depth: int, root_state=None) -> Tree:
@@ -146,38 +163,42 @@ def best_first(root: int, expand, budget: int, max_depth: int, root_state=None) 
     best first; ``depth`` is the node's own (the root's is 0). Each step adds the best-scoring candidate
     of any node in the tree (a path's score is the sum of its log-probabilities), so the first ``j`` nodes
     added are the best tree of ``j`` nodes for every ``j``; children come out in the order they were added.
+    A node costs its heap pop, its sibling's and its children's pushes and its expand: nothing else is called.
     """
-    tokens, parents, scores = [root], [-1], [0.0]
+    nodes = [(root, -1, 0.0, 0)]  # (token, parent, score, depth) a node, in the order added
     heap: list = []
-    push, pop = heapq.heappush, heapq.heappop
+    push, pop, replace = heapq.heappush, heapq.heappop, heapq.heapreplace
     tie = 0
     if max_depth > 0:  # the root's candidates
         ids, logp, states = expand(0, root_state)
-        if len(ids):
-            push(heap, (-float(logp[0]), tie, 0, 0, ids, logp, states, 0))
+        n_ids = len(ids)
+        if n_ids:
+            push(heap, (-float(logp[0]), tie, 0, 0, ids, logp, states, 0, n_ids))
             tie += 1
     leaves = 1
     node = 0  # nodes drafted so far (the last one's index)
     while heap and node < budget:
-        neg, _, parent, depth, ids, logp, states, j = pop(heap)
+        neg, _, parent, depth, ids, logp, states, j, n_ids = heap[0]
         if j > 0:  # a second child: one more leaf (a first child takes its parent's place as a leaf)
             if leaves >= MAX_LEAVES:
+                pop(heap)
                 continue
             leaves += 1
-        tokens.append(int(ids[j]))
-        parents.append(parent)
-        scores.append(-neg)
-        node += 1
-        n_ids = len(ids)
-        if j + 1 < n_ids:  # the next sibling
-            push(heap, (-(scores[parent] + float(logp[j + 1])), tie, parent, depth, ids, logp, states, j + 1))
+        if j + 1 < n_ids:  # the best candidate leaves the heap and its next sibling comes in (one call)
+            replace(heap, (-(nodes[parent][2] + float(logp[j + 1])), tie, parent, depth, ids, logp, states, j + 1, n_ids))
             tie += 1
+        else:
+            pop(heap)
+        nodes += ((int(ids[j]), parent, -neg, depth + 1),)
+        node += 1
         if depth + 1 < max_depth:  # the new node's own candidates (one call a node: no helper)
             ids, logp, states = expand(depth + 1, None if states is None else states[j])
-            if len(ids):
-                push(heap, (neg - float(logp[0]), tie, node, depth + 1, ids, logp, states, 0))
+            n_ids = len(ids)
+            if n_ids:
+                push(heap, (neg - float(logp[0]), tie, node, depth + 1, ids, logp, states, 0, n_ids))
                 tie += 1
-    return depth_first(tokens, parents, scores)
+    tokens, parents, scores, depths = zip(*nodes)
+    return depth_first(tokens, parents, scores, depths)
 
 
 def top_candidates(logits: np.ndarray, k: int = TOP_K) -> tuple[np.ndarray, np.ndarray]:
@@ -189,10 +210,11 @@ def top_candidates(logits: np.ndarray, k: int = TOP_K) -> tuple[np.ndarray, np.n
 def top_candidates_rows(rows: np.ndarray, k: int = TOP_K) -> tuple[np.ndarray, np.ndarray]:
     """:func:`top_candidates` of every row of ``rows`` at once: ``[n, k]`` ids and log-probabilities."""
     k = min(k, rows.shape[1])
-    ids = np.argpartition(-rows, k - 1, axis=1)[:, :k]
-    vals = np.take_along_axis(rows, ids, axis=1).astype(np.float64)
+    ids = (-rows).argpartition(k - 1, axis=1)[:, :k]
+    at = np.arange(rows.shape[0])[:, None]  # (plain fancy indexing: take_along_axis's wrapper costs ~10 calls a use)
+    vals = rows[at, ids].astype(np.float64)
     order = np.lexsort((ids, -vals), axis=1)
-    ids, vals = np.take_along_axis(ids, order, axis=1), np.take_along_axis(vals, order, axis=1)
+    ids, vals = ids[at, order], vals[at, order]
     top = vals[:, :1]
     lse = top[:, 0] + np.log(np.exp(rows - top.astype(np.float32)).sum(axis=1, dtype=np.float64))
     return ids.astype(np.int64), vals - lse[:, None]
@@ -251,10 +273,11 @@ class PathRows:
         self.n_last = len(rows)
 
     def layer_input(self, lid: int, n_rows: int) -> np.ndarray:
-        return self.ctx.layer_input(lid, self.ctx.n_last)[self.rows[:n_rows]]
+        return self.layer_inputs((lid,), n_rows)[0]
 
     def layer_inputs(self, layer_ids, n_rows: int) -> list[np.ndarray]:
-        return [self.layer_input(lid, n_rows) for lid in layer_ids]
+        rows = self.rows[:n_rows]
+        return [v[rows] for v in self.ctx.layer_inputs(layer_ids, self.ctx.n_last)]
 
     def last_tokens(self) -> np.ndarray:
         return self.ctx.last_tokens()[self.rows]
@@ -269,7 +292,7 @@ def decode_tree(ctx, tree: Tree, n_past: int) -> None:
         raise LocalflashError(f"a tree of {tree.n_leaves} leaves needs a context of that many sequences, not {ctx.n_seq_max}")
     for s in range(1, tree.n_leaves):
         ctx.seq_copy(0, s)  # the committed text is every branch's prefix (no copy: the cells gain an id)
-    ctx.decode_rows(tree.tokens, n_past + tree.depth, tree.seqs, np.ones(tree.n, np.int8))
+    ctx.decode_rows(tree.tokens, n_past + tree.depth, tree.row_seqs, np.ones(tree.n, np.int8))
 
 
 def keep_path(ctx, tree: Tree, path: list[int], n_past: int) -> int:

@@ -84,3 +84,23 @@ def test_a_shared_drafters_decodes_are_priced_whole_whichever_slots_draft():
 
     assert one_slot(shared=False) > 0  # by the slot's share, drafting looks 2x plain
     assert one_slot(shared=True) == 0
+
+
+def test_a_steps_expected_tokens_are_the_sum_of_each_slots_bit_for_bit():
+    """StepPolicy.expected (every slot and draft length at once) adds up DraftPolicy.expected_tokens exactly."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        k, n = int(rng.integers(1, 16)), int(rng.integers(1, 9))
+        pols = [DraftPolicy(k) for _ in range(n)]
+        for p in pols:
+            p.tries = list(rng.uniform(0, 40, k))
+            p.hits = [t * r for t, r in zip(p.tries, rng.random(k))]
+        limits = rng.integers(0, k + 1, n)
+        got = StepPolicy.expected(pols, np.minimum(np.arange(k + 1), limits[:, None]))
+        for j in range(k + 1):
+            want = 0.0
+            for p, lim in zip(pols, limits):
+                want += p.expected_tokens(min(j, int(lim)))
+            assert got[j] == want

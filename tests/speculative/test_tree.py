@@ -271,3 +271,37 @@ def test_a_request_after_tree_cycles_prefills_full_batches(target, cases, plain,
         assert [t for chunk in engine.generate(cases[i], N_TOKENS, None, st) for t in chunk] == plain[i]
         assert st.tree_cycles
     engine.close()
+
+
+def test_tree_leaf_ranges_depths_and_children_match_a_naive_walk():
+    """The array-built Tree (depths, each node's sequence ids, child lookup) equals what walking each node's
+    ancestors says, on random best-first trees with repeated tokens and near-tied scores; pruning keeps that."""
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        table = {}
+
+        def expand(depth, state):
+            if (depth, state) not in table:
+                ids = rng.integers(0, 6, size=int(rng.integers(0, 5)))  # a repeated token now and then
+                table[depth, state] = ids, np.sort(np.round(rng.normal(-2, 1, len(ids)), 1))[::-1], [state * 8 + i + 1 for i in range(len(ids))]
+            return table[depth, state]
+
+        full = best_first(9, expand, int(rng.integers(0, 40)), int(rng.integers(1, 8)), root_state=0)
+        for tree in (full, prune(full, int(rng.integers(0, full.n)))):
+            parents = tree.parents.tolist()
+            anc = [tree.path(i) for i in range(tree.n)]  # root .. node
+            leaves = [i for i in range(tree.n) if i not in parents]
+            assert tree.depth.tolist() == [len(a) - 1 for a in anc]
+            assert tree.n_leaves == len(leaves)
+            assert tree.seqs == [[s for s, leaf in enumerate(leaves) if i in anc[leaf]] for i in range(tree.n)]
+            for node in range(tree.n):
+                for tok in range(6):
+                    kids = [i for i in range(tree.n) if parents[i] == node and tree.tokens[i] == tok]
+                    assert tree.child(node, tok) == (kids[0] if kids else -1)
+
+
+def test_a_tree_out_of_depth_first_order_is_refused():
+    with pytest.raises(ValueError, match="depth-first"):
+        Tree(np.array([1, 2, 3, 4], np.int32), np.array([-1, 0, 0, 1], np.int32))  # node 3's parent ended at node 2
+    with pytest.raises(ValueError, match="must come before it"):
+        Tree(np.array([1, 2], np.int32), np.array([-1, 1], np.int32))
