@@ -190,7 +190,13 @@ class DFlashDrafter(Drafter):
         self.n_injected = start_pos + n_committed
         return out
 
-    def hold(self, features: list[np.ndarray], n: int) -> None:
+    def hold(self, features, n: int) -> None:
+        if type(features) is np.ndarray:  # [rows, taps, width]
+            if self.held is None:
+                self.held = np.empty((HOLD_ROWS, features.shape[1] * features.shape[2]), dtype=np.float32)
+            self.held.reshape(HOLD_ROWS, *features.shape[1:])[self.n_held : self.n_held + n] = features[:n]
+            self.n_held += n
+            return
         if self.held is None:
             self.held = np.empty((HOLD_ROWS, sum(f.shape[1] for f in features)), dtype=np.float32)
         col = 0
@@ -211,9 +217,10 @@ class DFlashDrafter(Drafter):
         for parts, start, n in self.release():
             self.ctx.decode_embd(parts, start, n)
 
-    def features(self, target_ctx) -> list[np.ndarray]:
-        """Each tapped layer's rows of the target's last decode: they go straight into the drafter's batch, side by side."""
-        return target_ctx.layer_inputs(self.layer_ids, target_ctx.n_last)
+    def features(self, target_ctx):
+        """Each tapped layer's rows of the target's last decode, side by side (a ``[rows, taps, width]`` view, else a list of
+        ``[rows, width]`` views): they go straight into the drafter's batch, one copy."""
+        return target_ctx.layer_input_rows(self.layer_ids, target_ctx.n_last)
 
     def propose(self, history: list[int], n_past: int, k: int) -> list[int]:
         if k > self.max_draft:
