@@ -76,7 +76,7 @@ def phases(tpath, dpath, n_tokens: int) -> None:
 
     wrap(synth, "propose", "draft (block decode call, ids read, noise cut)")
     wrap(dflash.ctx, "decode", "  the drafter's decode call (batch fill)")
-    wrap(dflash, "read", "  the ids read")
+    wrap(dflash.ctx, "sampled_rows", "  the ids read")
     wrap(dflash.ctx, "seq_rm", "  the drafter's seq_rm")
     wrap(ctx, "decode", "target decode call (batch fill)")
     wrap(loop, "verify_block", "verify (ids read, compared, accepted)")

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import ctypes
 
-import numpy as np
-
 from localflash.llama.bindings import ext_address, lib, lib_address
 
 LLAMA_TOKEN_NULL = -1
@@ -45,9 +43,9 @@ class OutputBuffer:
         taps = n_alloc * n_vocab + nextn
         return taps, taps + len(self._taps) * n_embd * n_batch + 2 * n_alloc * n_vocab
 
-    def _sampled_view(self) -> np.ndarray | None:
-        """The in-graph chain's ids of the last decode's output rows (an int32 view by output row), or None where
-        the layout is not known to hold them (read row by row then)."""
+    def _sampled_view(self):
+        """The in-graph chain's ids of the last decode's output rows (a ctypes int32 array by output row: slicing it
+        gives a list), or None where the layout is not known to hold them (read row by row then)."""
         outs = self._outs
         if outs is None or not self._out_graph or self._graph_key is None:
             return None
@@ -69,11 +67,11 @@ class OutputBuffer:
             return None
         n_alloc = max(n_out, self.n_seq_max)
         address = start + 4 * self._floats_before(n_alloc)[1]
-        view = np.frombuffer((ctypes.c_int32 * n_out).from_address(address), np.int32)
+        view = (ctypes.c_int32 * n_out).from_address(address)  # a slice of it is a list: no NumPy call a read
         get = lib().llama_get_sampled_token_ith
         rows = range(n_out) if outs[1] else [-1]
         want = [get(self.ptr, i) for i in rows]
-        have = view.tolist() if outs[1] else [int(view[-1])]
+        have = view[:] if outs[1] else [view[-1]]
         if all(t == LLAMA_TOKEN_NULL for t in want):
             return None  # nothing sampled to compare by: not decided yet
         ok = view if want == have else False
