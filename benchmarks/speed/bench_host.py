@@ -26,7 +26,7 @@ the tokens. On a CPU each ``llama_decode`` streams the weights through every
 cache, so the host work after it runs from DRAM: the same Python costs about ten
 times what it costs warm (host_phases.py), and the drafter's feature copy
 (taps x width x 4 B a committed row, 100 KB here) reads and writes memory the
-decode evicted. A GPU host keeps its caches; this figure is an upper bound. Its share of a modeled 20 ms / 30 ms
+decode evicted. A GPU's decode does not sweep the host's caches, so there the same work costs less. Its share of a modeled 20 ms / 30 ms
 verify step is host / (verify + host): the fraction of a GPU cycle the card
 would wait on the host (a 24 GB card verifies Qwen3.6-27B Q4_K_M in ~20–30 ms).
 
