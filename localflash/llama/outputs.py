@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 
 from localflash.llama.bindings import ext_address, lib, lib_address
+from localflash.llama.views import layers_view
 
 LLAMA_TOKEN_NULL = -1
 
@@ -93,6 +94,18 @@ class OutputBuffer:
         except KeyError:
             v = self._check_layers(key, layer_ids)
         return v if v is not False else None
+
+    def layer_input_rows(self, layer_ids, n_rows: int):
+        """:meth:`layer_inputs` side by side: a ``[n_rows, taps, n_embd]`` view (views.layers_view; cached with the per-layer views), or where
+        llama.cpp lays the layers out otherwise, the list :meth:`layer_inputs` gives."""
+        addresses = self._layer_addresses(layer_ids)
+        out = self._tap_views.get((addresses, n_rows, 3)) if addresses is not None else None
+        if out is None:
+            out = layers_view(addresses, n_rows, self.model.n_embd) if addresses is not None else None
+            if out is None:
+                return self.layer_inputs(layer_ids, n_rows)
+            self._tap_views[(addresses, n_rows, 3)] = out
+        return out
 
     def _check_layers(self, key, layer_ids):
         start, n_out = key[0], key[1]

@@ -18,7 +18,7 @@ import numpy as np
 from localflash.errors import LocalflashError
 from localflash.llama.batch import Batch  # noqa: F401  (re-exported)
 from localflash.llama.bindings import ext, ext_address, lib, recent_log
-from localflash.llama.views import address_view, float_view, layers_view
+from localflash.llama.views import address_view, float_view
 from localflash.llama.rpc import device_array, local_gpus
 from localflash.llama.embd_rows import EmbdRows
 from localflash.llama.graph_sampling import InGraphSampling
@@ -437,18 +437,6 @@ class Context(EmbdRows, RecurrentCache, InGraphSampling, OutputBuffer):
             if len(self._tap_views) >= 64:
                 self._tap_views.clear()
             out = self._tap_views[key] = [address_view(a, shape) for a in addresses]
-        return out
-
-    def layer_input_rows(self, layer_ids, n_rows: int):
-        """:meth:`layer_inputs` side by side: a ``[n_rows, taps, n_embd]`` view (views.layers_view; cached), or where
-        llama.cpp lays the layers out otherwise, the list :meth:`layer_inputs` gives."""
-        addresses = self._layer_addresses(layer_ids)
-        out = self._tap_views.get((addresses, n_rows, 3)) if addresses is not None else None
-        if out is None:
-            out = layers_view(addresses, n_rows, self.model.n_embd) if addresses is not None else None
-            if out is None:
-                return self.layer_inputs(layer_ids, n_rows)
-            self._tap_views[(addresses, n_rows, 3)] = out
         return out
 
     # -- nextn outputs (DFlash2 selector lattice, EAGLE-3 hidden states) ---
