@@ -9,14 +9,24 @@ benchmark-only synthetic drafter (speculative/synthetic.py): the DFlash
 drafter does all its work each cycle (feature injection of the committed rows,
 one block forward, reading its rows), then its proposal is replaced by the
 target's own plain continuation with per-token acceptance α (default 0.84:
-τ ≈ 6 at block 16). The target verifies as usual.
+τ ≈ 5.9 at block 16 in the long run; each reference position draws once, so a
+short run's τ is that run's draws: printed beside every figure). The target
+verifies as usual.
 
 **Host** = decode-phase time outside every ``llama_decode`` call (target and
-drafter): sampling/verify, the drafter's Python side (feature concatenation,
-its row argmax), batch filling, ctypes, bookkeeping. It is reported as this
-thread's CPU time (robust to other processes on a shared machine; with one
-llama.cpp thread all compute runs on this thread, so CPU inside minus CPU
-total is exact) and as wall time. Its share of a modeled 20 ms / 30 ms
+drafter): sampling/verify, the drafter's host side (copying the committed rows'
+tapped features into its batch, reading its drafts), batch filling, ctypes,
+bookkeeping. It is reported as this thread's CPU time (robust to other processes
+on a shared machine; with one llama.cpp thread all compute runs on this thread,
+so CPU inside minus CPU total is exact) and as wall time. Besides the loop it
+holds the benchmark's own: the synthetic oracle (a slice of draws made before
+the run and a compare of the newest history tokens: a few µs a cycle), the decode
+timers' call and return (:class:`Timer`, three a cycle) and the list that takes
+the tokens. On a CPU each ``llama_decode`` streams the weights through every
+cache, so the host work after it runs from DRAM: the same Python costs about ten
+times what it costs warm (host_phases.py), and the drafter's feature copy
+(taps x width x 4 B a committed row, 100 KB here) reads and writes memory the
+decode evicted. A GPU's decode does not sweep the host's caches, so there the same work costs less. Its share of a modeled 20 ms / 30 ms
 verify step is host / (verify + host): the fraction of a GPU cycle the card
 would wait on the host (a 24 GB card verifies Qwen3.6-27B Q4_K_M in ~20–30 ms).
 
@@ -66,6 +76,30 @@ SAMPLING = {  # name -> (temperature, top_k, top_p, min_p)
     "topp95": (0.8, 0, 0.95, 0.0),  # top-k off: what many OpenAI clients send
 }
 NORM_SCALE = 12.0  # output norm weight: logit std ~4 over 248,320 tokens (peaked like a real model)
+
+
+class Timer:
+    """Each ``llama_decode`` of a context: its wall and thread-CPU seconds (``ctx._run`` wrapped, as ``bench.rig.Timer``).
+
+    The thread clock is read first on the way in and last on the way out, so the wrapper's own work (the other
+    clock, the sums) counts as decode, not as host: what stays in the host figure is its call and return.
+    """
+
+    def __init__(self, ctx):
+        self.seconds = 0.0
+        self.cpu = 0.0  # this thread's CPU seconds inside llama_decode (all of it when n_threads = 1)
+        self.calls = 0
+        inner, cpu, wall = ctx._run, time.thread_time, time.perf_counter
+
+        def timed(raw, n):
+            c = cpu()
+            t = wall()
+            inner(raw, n)
+            self.seconds += wall() - t
+            self.calls += 1
+            self.cpu += cpu() - c
+
+        ctx._run = timed
 
 
 SMALL = dict(n_vocab=8192, n_embd=512)  # --small: the same loop on tiny shapes (call counts do not depend on them)
@@ -137,7 +171,7 @@ def run_slots(tpath: Path, dpath: Path, block: int, n_slots: int, a, out: list) 
                                          n_threads=a.threads, n_rs_seq=block, n_seq_max=n_slots, kv_unified=False))
     inner = DFlashGroup(Model(dpath), target, ctx, 1024 + block, n_slots, n_threads=a.threads, in_graph_argmax=True)
     group = SyntheticGroup([SyntheticDrafter(a.alpha, k, target.n_vocab, inner=d) for d in inner.drafters], inner)
-    tt, dt = bl.Timer(ctx), bl.Timer(inner.ctx)
+    tt, dt = Timer(ctx), Timer(inner.ctx)
     pool = SlotPool(target, ctx, group.drafters, adaptive=False, draft_max=k, group=group)
     prompt = [int(x) for x in np.random.default_rng(0).integers(300, target.n_vocab - 1, size=64)]
     try:
@@ -214,7 +248,7 @@ def run_tree(tpath: Path, dpath: Path, block: int, budget: int, a, out: list) ->
     ctx = Context(target, ContextOptions(n_ctx=1024, n_batch=256, n_ubatch=256, n_outputs_max=max(budget + 1, MAX_LEAVES),
                                          n_threads=a.threads, n_seq_max=MAX_LEAVES, kv_unified=True))
     dflash = make_drafter("dflash", target, ctx, Model(dpath), n_ctx=1024, threads=a.threads, in_graph_argmax=False)
-    tt, dt = bl.Timer(ctx), bl.Timer(dflash.ctx)
+    tt, dt = Timer(ctx), Timer(dflash.ctx)
     eng = Engine(target, ctx, dflash, adaptive=False, draft_max=k)
     eng.tree = TreeVerifier(budget)
     prompt = [int(x) for x in np.random.default_rng(0).integers(300, target.n_vocab - 1, size=64)]
@@ -377,12 +411,12 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
     target = Model(tpath)
     k = block - 1
     ctx = Context(target, ContextOptions(n_ctx=1024, n_batch=256, n_ubatch=256, n_outputs_max=block, n_threads=a.threads, n_rs_seq=block))
-    tt = bl.Timer(ctx)
+    tt = Timer(ctx)
     engines = {}
     for v in a.variants.split(","):  # before/host: NumPy reads the drafter's rows; graph: llama.cpp's graph returns ids
         dflash = make_drafter("dflash", target, ctx, Model(dpath), n_ctx=1024, threads=a.threads, in_graph_argmax=v.startswith("graph"))
         synth = make_drafter(f"synthetic@{a.alpha!r}", target, ctx, max_draft=k, n_ctx=1024, inner=dflash)
-        engines[v] = (Engine(target, ctx, synth, adaptive=False, draft_max=k, sample_in_graph=v == TARGET_IN_GRAPH), synth, bl.Timer(dflash.ctx))
+        engines[v] = (Engine(target, ctx, synth, adaptive=False, draft_max=k, sample_in_graph=v == TARGET_IN_GRAPH), synth, Timer(dflash.ctx))
     prompt = [int(x) for x in np.random.default_rng(0).integers(300, target.n_vocab - 1, size=64)]
     host_mb, graph_b = logits_bytes_to_host(block, target.n_vocab, False) / 1e6, logits_bytes_to_host(block, target.n_vocab, True)
     print(f"block {block:2d}: logits to host per cycle: {host_mb:.1f} MB (host rows: {block} x {target.n_vocab:,} x 4 B) "
@@ -393,7 +427,8 @@ def run_block(tpath: Path, dpath: Path, block: int, a, out: list, refs: dict) ->
         for name in a.sampling.split(","):
             temp, top_k, top_p, min_p = SAMPLING[name]
             sp = SamplingParams(temp, top_k, top_p, min_p, seed=7)
-            for path in ("host", "graph"):  # the oracle's reference: plain decoding, same settings and seed, on each sampling path
+            paths = {"graph" if v == TARGET_IN_GRAPH else "host" for v in engines}
+            for path in sorted(paths):  # the oracle's reference: plain decoding, same settings and seed, on each sampling path
                 if (name, path) not in refs:  # (the two paths draw differently: speculative/graph_sampler.py)
                     plain_ctx = Context(target, ContextOptions(n_ctx=1024, n_batch=256, n_ubatch=256, n_outputs_max=1, n_threads=a.threads, n_rs_seq=1))
                     plain = Engine(target, plain_ctx, sample_in_graph=path == "graph")

@@ -11,6 +11,11 @@ Two measurements on bench_host's random-weight models (``--small``: its tiny sha
    what the loop's Python and ctypes cost with warm caches, and how much a decode's eviction adds.
    (The ids read back are the last real decode's, so acceptance differs; each cycle also rolls the drafter back.)
 
+At Qwen3.6 shapes (no ``--small``) the drafter intake also copies each committed row's tapped features
+(5 x 5,120 x 4 B) from memory the target decode evicted: ~100 us a cycle at tau ~3 on the 2-core dev VM,
+about a quarter of the host figure; llama.cpp's own cold calls (two ``llama_memory_seq_rm``, two
+``llama_get_logits``) add ~70 us.
+
     PYTHONPATH=$PWD .venv/bin/python benchmarks/speed/host_phases.py --small --evict 0,8,64
 """
 
@@ -76,7 +81,7 @@ def phases(tpath, dpath, n_tokens: int) -> None:
 
     wrap(synth, "propose", "draft (block decode call, ids read, noise cut)")
     wrap(dflash.ctx, "decode", "  the drafter's decode call (batch fill)")
-    wrap(dflash, "read", "  the ids read")
+    wrap(dflash.ctx, "sampled_rows", "  the ids read")
     wrap(dflash.ctx, "seq_rm", "  the drafter's seq_rm")
     wrap(ctx, "decode", "target decode call (batch fill)")
     wrap(loop, "verify_block", "verify (ids read, compared, accepted)")

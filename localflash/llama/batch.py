@@ -26,6 +26,7 @@ class Batch:
         self.close = weakref.finalize(self, L.llama_batch_free, self.raw)
         if embd_width:
             self.embd = np.ctypeslib.as_array(self.raw.embd, shape=(capacity, embd_width))
+            self.embd_taps: np.ndarray | None = None  # embd seen as [capacity, taps, width] (EmbdRows, made on first use)
         else:
             self.token = np.ctypeslib.as_array(self.raw.token, shape=(capacity,))
         self.pos = np.ctypeslib.as_array(self.raw.pos, shape=(capacity,))
@@ -43,6 +44,7 @@ class Batch:
             self._c_token = (ctypes.c_int32 * capacity).from_address(ctypes.addressof(self.raw.token.contents))
         self._c_pos = (ctypes.c_int32 * capacity).from_address(ctypes.addressof(self.raw.pos.contents))
         self._c_flags = ctypes.addressof(self.raw.logits.contents)
+        self.flags_set: tuple | None = None  # (outputs, n) as :meth:`fill` last wrote the flags; None: written otherwise since
 
     def fill(self, tokens, start: int, outputs: str) -> int:
         """Rows ``0..n-1``: ``tokens`` at positions ``start..``, outputs ``all``, ``last`` or ``none``;
@@ -50,9 +52,11 @@ class Batch:
         n = len(tokens)
         self._c_token[0:n] = tokens
         self._c_pos[0:n] = range(start, start + n)
-        ctypes.memset(self._c_flags, outputs == "all", n)
-        if outputs == "last":
-            self.logits[n - 1] = 1
+        if self.flags_set != (outputs, n):  # a loop's decodes repeat their flags: written only when they change
+            ctypes.memset(self._c_flags, outputs == "all", n)
+            if outputs == "last":
+                self.logits[n - 1] = 1
+            self.flags_set = (outputs, n)
         return n if outputs == "all" else int(outputs == "last")
 
     def set_positions(self, start: int, n: int) -> None:

@@ -138,7 +138,7 @@ class InGraphSampling:
         of the last decode was an output (``outputs.py``), else one binding call a row."""
         view = self._sampled_view()
         if view is not None and self._outs[1] and hi <= self._outs[0]:
-            toks = view[lo:hi].tolist()
+            toks = view[lo:hi]
         else:
             get, ptr = lib().llama_get_sampled_token_ith, self.ptr
             toks = [get(ptr, i) for i in range(lo, hi)]
@@ -156,9 +156,9 @@ class InGraphSampling:
         if view is None or (n and not self._outs[1]) or (not n and self._last_row != -1):
             return self._verify_rows(draft, eog)
         if not n:
-            new = [int(view[-1])]
+            new = [view[-1]]
         else:
-            ids = view[: n + 1].tolist()
+            ids = view[: n + 1]
             if ids[:n] == draft:
                 new = ids
             else:

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import ctypes
 
-import numpy as np
-
 from localflash.llama.bindings import ext_address, lib, lib_address
+from localflash.llama.views import layers_view
 
 LLAMA_TOKEN_NULL = -1
 
@@ -45,9 +44,9 @@ class OutputBuffer:
         taps = n_alloc * n_vocab + nextn
         return taps, taps + len(self._taps) * n_embd * n_batch + 2 * n_alloc * n_vocab
 
-    def _sampled_view(self) -> np.ndarray | None:
-        """The in-graph chain's ids of the last decode's output rows (an int32 view by output row), or None where
-        the layout is not known to hold them (read row by row then)."""
+    def _sampled_view(self):
+        """The in-graph chain's ids of the last decode's output rows (a ctypes int32 array by output row: slicing it
+        gives a list), or None where the layout is not known to hold them (read row by row then)."""
         outs = self._outs
         if outs is None or not self._out_graph or self._graph_key is None:
             return None
@@ -69,11 +68,11 @@ class OutputBuffer:
             return None
         n_alloc = max(n_out, self.n_seq_max)
         address = start + 4 * self._floats_before(n_alloc)[1]
-        view = np.frombuffer((ctypes.c_int32 * n_out).from_address(address), np.int32)
+        view = (ctypes.c_int32 * n_out).from_address(address)  # a slice of it is a list: no NumPy call a read
         get = lib().llama_get_sampled_token_ith
         rows = range(n_out) if outs[1] else [-1]
         want = [get(self.ptr, i) for i in rows]
-        have = view.tolist() if outs[1] else [int(view[-1])]
+        have = view[:] if outs[1] else [view[-1]]
         if all(t == LLAMA_TOKEN_NULL for t in want):
             return None  # nothing sampled to compare by: not decided yet
         ok = view if want == have else False
@@ -95,6 +94,18 @@ class OutputBuffer:
         except KeyError:
             v = self._check_layers(key, layer_ids)
         return v if v is not False else None
+
+    def layer_input_rows(self, layer_ids, n_rows: int):
+        """:meth:`layer_inputs` side by side: a ``[n_rows, taps, n_embd]`` view (views.layers_view; cached with the per-layer views), or where
+        llama.cpp lays the layers out otherwise, the list :meth:`layer_inputs` gives."""
+        addresses = self._layer_addresses(layer_ids)
+        out = self._tap_views.get((addresses, n_rows, 3)) if addresses is not None else None
+        if out is None:
+            out = layers_view(addresses, n_rows, self.model.n_embd) if addresses is not None else None
+            if out is None:
+                return self.layer_inputs(layer_ids, n_rows)
+            self._tap_views[(addresses, n_rows, 3)] = out
+        return out
 
     def _check_layers(self, key, layer_ids):
         start, n_out = key[0], key[1]

@@ -326,6 +326,7 @@ class Context(EmbdRows, RecurrentCache, InGraphSampling, OutputBuffer):
             b.token[n : n + pad] = b.token[n - 1]
             b.pos[n : n + pad] = np.arange(start_pos + n, start_pos + n + pad, dtype=np.int32)
             b.logits[n : n + pad] = int(outputs != "none")
+            b.flags_set = None
         b.raw.n_tokens = n + pad
         self._outs_next = (n_out + pad, outputs == "all") if outputs != "none" else (0, False)
         self._run(b.raw, n + pad)
@@ -354,6 +355,7 @@ class Context(EmbdRows, RecurrentCache, InGraphSampling, OutputBuffer):
         b.token[:n] = tokens
         b.pos[:n] = pos
         b.logits[:n] = outputs
+        b.flags_set = None
         b.set_seqs(seqs)
         b.raw.n_tokens = n
         self._outs_next = (n_out, n_out == n)

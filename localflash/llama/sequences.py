@@ -70,8 +70,12 @@ class SeqView(RecurrentCache):
 
     def decode_embd(self, parts, start_pos: int, n: int | None = None) -> None:
         """Float input rows of this sequence alone (a drafter's features), as ``Context.decode_embd``."""
-        parts = [parts] if isinstance(parts, np.ndarray) else list(parts)
-        decode_embd_views(self.base, [(self, parts, start_pos, parts[0].shape[0] if n is None else n)])
+        if type(parts) is np.ndarray and parts.ndim == 3:  # [rows, taps, width] (Context.layer_input_rows)
+            rows = parts.shape[0]
+        else:
+            parts = [parts] if isinstance(parts, np.ndarray) else list(parts)
+            rows = parts[0].shape[0]
+        decode_embd_views(self.base, [(self, parts, start_pos, rows if n is None else n)])
 
     def took(self, row0: int, out0: int, n: int, n_out: int) -> None:
         """The last target decode gave this sequence rows ``row0..row0+n-1``, outputs ``out0..``."""
@@ -111,6 +115,12 @@ class SeqView(RecurrentCache):
         a decode, not once a slot), sliced to this view's rows."""
         r0 = self._row0
         return [v[r0 : r0 + n_rows] for v in self.base.layer_inputs(layer_ids, self.base.n_last)]
+
+    def layer_input_rows(self, layer_ids, n_rows: int):
+        """:meth:`layer_inputs` side by side where the base context gives them so (``Context.layer_input_rows``)."""
+        r0 = self._row0
+        v = self.base.layer_input_rows(layer_ids, r0 + n_rows)
+        return v[r0:] if type(v) is np.ndarray else [x[r0:] for x in v]
 
     def nextn_rows(self, n_rows: int) -> np.ndarray:
         """Unmasked nextn hidden states of this view's rows of the last decode."""

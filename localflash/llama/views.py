@@ -29,6 +29,18 @@ def address_view(address: int, shape: tuple[int, ...]) -> np.ndarray:
     return view
 
 
+def layers_view(addresses: tuple[int, ...], n_rows: int, width: int) -> np.ndarray | None:
+    """A read-only ``[n_rows, len(addresses), width]`` view of layers whose ``[n_rows, width]`` floats start at
+    ``addresses``, equally spaced and apart (llama.cpp's output buffer lays captured layers out so); None otherwise.
+    Row ``i`` holds every layer's row ``i`` side by side: what a DFlash batch row takes, in one copy."""
+    span = n_rows * width * 4
+    step = addresses[1] - addresses[0] if len(addresses) > 1 else span
+    if step < span or any(b - a != step for a, b in zip(addresses, addresses[1:])):
+        return None
+    base = np.frombuffer((ctypes.c_float * ((step * (len(addresses) - 1) + span) // 4)).from_address(addresses[0]), np.float32)
+    return np.lib.stride_tricks.as_strided(base, shape=(n_rows, len(addresses), width), strides=(width * 4, step, 4), writeable=False)
+
+
 def float_view(ptr, shape: tuple[int, ...]) -> np.ndarray:
     """A ``shape`` view of the floats at ``ptr`` (a ``POINTER(c_float)``), cached by address and shape."""
     key = (ctypes.cast(ptr, ctypes.c_void_p).value, shape)

@@ -159,6 +159,7 @@ class DFlashDrafter(Drafter):
         self.n_held = 0
         self.held: np.ndarray | None = None  # [HOLD_ROWS, taps x width], made on first use
         self.asked = False  # drafted since its last intake: the next one goes straight in
+        self._block = [self.mask] * self.block_size  # propose's draft batch (its first token set each time)
 
     def rollback(self, n_keep: int) -> None:
         if self.n_injected > n_keep:
@@ -171,6 +172,12 @@ class DFlashDrafter(Drafter):
             self.n_injected = n_keep
 
     def on_target_decode(self, target_ctx: Context, start_pos: int, n_committed: int) -> None:
+        if self.asked and not self.n_held and start_pos == self.n_injected and start_pos + n_committed <= self.ctx_limit:
+            # drafting every cycle: the rows go straight in (intake's first case, inline: it runs every cycle)
+            self.asked = False
+            self.n_injected = start_pos + n_committed
+            self.ctx.decode_embd(self.features(target_ctx), start_pos, n_committed)
+            return
         for parts, start, n in self.intake(target_ctx, start_pos, n_committed):
             self.ctx.decode_embd(parts, start, n)
 
@@ -190,7 +197,13 @@ class DFlashDrafter(Drafter):
         self.n_injected = start_pos + n_committed
         return out
 
-    def hold(self, features: list[np.ndarray], n: int) -> None:
+    def hold(self, features, n: int) -> None:
+        if type(features) is np.ndarray:  # [rows, taps, width]
+            if self.held is None:
+                self.held = np.empty((HOLD_ROWS, features.shape[1] * features.shape[2]), dtype=np.float32)
+            self.held.reshape(HOLD_ROWS, *features.shape[1:])[self.n_held : self.n_held + n] = features[:n]
+            self.n_held += n
+            return
         if self.held is None:
             self.held = np.empty((HOLD_ROWS, sum(f.shape[1] for f in features)), dtype=np.float32)
         col = 0
@@ -211,9 +224,11 @@ class DFlashDrafter(Drafter):
         for parts, start, n in self.release():
             self.ctx.decode_embd(parts, start, n)
 
-    def features(self, target_ctx) -> list[np.ndarray]:
-        """Each tapped layer's rows of the target's last decode: they go straight into the drafter's batch, side by side."""
-        return target_ctx.layer_inputs(self.layer_ids, target_ctx.n_last)
+    def features(self, target_ctx):
+        """Each tapped layer's rows of the target's last decode, side by side (a ``[rows, taps, width]`` view, else a list of
+        ``[rows, width]`` views): they go straight into the drafter's batch, one copy."""
+        rows = getattr(target_ctx, "layer_input_rows", None)  # (a stand-in such as tree.PathRows gives the list)
+        return rows(self.layer_ids, target_ctx.n_last) if rows is not None else target_ctx.layer_inputs(self.layer_ids, target_ctx.n_last)
 
     def propose(self, history: list[int], n_past: int, k: int) -> list[int]:
         if k > self.max_draft:
@@ -225,8 +240,10 @@ class DFlashDrafter(Drafter):
         self.asked = True
         # always draft the full block: the drafter was trained on it and its cost barely depends on k
         # (the block and outputs inline: self.block(history), self.outputs)
-        self.ctx.decode([history[-1]] + [self.mask] * self.max_draft, n_past, "none" if self.top_k else "all")
-        drafts = self.read(k)
+        block = self._block  # [last, MASK x (B-1)]: only its first token changes
+        block[0] = history[-1]
+        self.ctx.decode(block, n_past, "none" if self.top_k else "all")
+        drafts = self.ctx.sampled_rows(1, k + 1) if self.in_graph else self.read(k)  # (read's in-graph case inline)
         self.ctx.seq_rm(n_past)
         return drafts
 

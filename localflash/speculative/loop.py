@@ -118,23 +118,24 @@ class Engine:
 
     def _chain_cycle(self, history: list[int], last: int, n_past: int, k: int, sample, st: Stats):
         """Draft up to ``k`` tokens, verify ``[last] + draft`` in one pass, commit; (new tokens, t_draft, t_verify)."""
-        td = self.clock()
+        ctx, clock = self.ctx, self.clock
+        td = clock()
         draft = trim_draft(sample, self.drafter.propose(history, n_past, k) if k else [])  # cut at a grammar's first reject
-        tv = self.clock()  # one clock reading ends a phase and starts the next
+        tv = clock()  # one clock reading ends a phase and starts the next
         t_draft = tv - td
         n_draft = len(draft)
-        if n_draft and self.ctx.recurrent and n_draft > self.ctx.n_rs_seq:
-            self.ctx.checkpoint(transient=True)  # no snapshot reaches back (qwen3next): restore + replay on a miss
-        self.ctx.decode([last] + draft, n_past, "all" if draft else "last")
-        new = verify_block(self.ctx, draft, sample, self.target.is_eog)
+        if n_draft and ctx.recurrent and n_draft > ctx.n_rs_seq:
+            ctx.checkpoint(transient=True)  # no snapshot reaches back (qwen3next): restore + replay on a miss
+        ctx.decode([last] + draft, n_past, "all" if draft else "last")
+        new = verify_block(ctx, draft, sample, self.target.is_eog)
         m = len(new) - 1  # drafts accepted
         self.tokens += [last] + draft[:m]
         if m < n_draft:
             self._cut(n_past + 1 + m)
-        td2 = self.clock()
+        td2 = clock()
         t_verify = td2 - tv
-        self.drafter.on_target_decode(self.ctx, n_past, m + 1)
-        t_draft += self.clock() - td2
+        self.drafter.on_target_decode(ctx, n_past, m + 1)
+        t_draft += clock() - td2
         self.policy.record(n_draft, m, t_verify, t_draft)
         st.record_cycle(n_draft, m, m + 1)
         return new, t_draft, t_verify

@@ -40,37 +40,39 @@ class SyntheticDrafter(Drafter):
         self.name = f"synthetic@{accept:g}"
         if inner is not None:
             self.ctx_limit = inner.ctx_limit
-        self.rng = np.random.default_rng(seed)
-        self._refill()
+            # the inner drafter's own hooks, called straight (no frame of ours between the loop and them)
+            self.rollback, self.on_target_decode = inner.rollback, inner.on_target_decode
         self.reference: list[int] = []  # prompt + the target's plain continuation
+        self._drafts: list[int] = []  # what is proposed for each reference position (set_reference)
+        self._ok_sum = [0]  # right proposals among reference positions 0..i-1
         self.right = 0  # draft tokens proposed as the reference token
         self.wrong = 0  # ... proposed as another token
         self.off_track = 0  # cycles whose history had left the reference (nothing proposed)
         self._same = 0  # leading history tokens known to equal the reference
 
     def set_reference(self, tokens: list[int]) -> None:
-        """The prompt followed by what plain decoding wrote; restarts the draw sequence."""
-        self.reference = list(tokens)
-        self.rng = np.random.default_rng(self.seed)
-        self._same = 0
-        self._refill()
+        """The prompt followed by what plain decoding wrote; draws every position's outcome afresh from ``seed``.
 
-    def _refill(self, n: int = 4096) -> None:
-        """Draw the next ``n`` per-token outcomes at once (a cycle then only slices lists: its cost is the loop's, not ours)."""
-        ok = self.rng.random(n) < self.accept
-        self._ok = ok.tolist()
-        self._ok_sum = [0] + np.cumsum(ok).tolist()  # right drafts among the first i outcomes: no sum per cycle
-        self._shift = self.rng.integers(1, self.n_vocab, size=n).tolist()
-        self._n_drawn = n
-        self._next = 0
+        Each reference position gets one draw: right with probability α, else the reference token shifted
+        by a random non-zero amount. A proposal is then one slice of these (its cost is the loop's, not
+        ours). Proposing a position again in a later cycle reuses its draw, which keeps the outcomes
+        independent: a cycle reads its positions only up to the first wrong one, and the next cycle
+        starts just after that one (the target's own token replaces it), on positions never read.
+        """
+        self.reference = ref = list(tokens)
+        rng = np.random.default_rng(self.seed)
+        ok = rng.random(len(ref)) < self.accept
+        shift = rng.integers(1, self.n_vocab, size=len(ref))
+        truth = np.asarray(ref, dtype=np.int64)
+        self._drafts = np.where(ok, truth, (truth + shift) % self.n_vocab).tolist()
+        self._ok_sum = [0] + np.cumsum(ok).tolist()
+        self._same = 0
 
     def rollback(self, n_keep: int) -> None:
-        if self.inner is not None:
-            self.inner.rollback(n_keep)
+        pass
 
     def on_target_decode(self, target_ctx, start_pos: int, n_committed: int) -> None:
-        if self.inner is not None:
-            self.inner.on_target_decode(target_ctx, start_pos, n_committed)
+        pass
 
     def on_prompt(self, prompt: list[int]) -> None:
         self._same = 0  # a new request: its history is compared afresh
@@ -93,16 +95,10 @@ class SyntheticDrafter(Drafter):
         if k <= 0 or self._same != n or n >= n_ref:
             self.off_track += k > 0 and self._same != n
             return []
-        truth = ref[n : n + k]
-        m = k if n + k <= n_ref else n_ref - n
-        if self._next + m > self._n_drawn:
-            self._refill()
-        i, j = self._next, self._next + m
-        self._next = j
-        draft = [t if ok else (t + s) % self.n_vocab for t, ok, s in zip(truth, self._ok[i:j], self._shift[i:j])]
-        right = self._ok_sum[j] - self._ok_sum[i]
+        draft = self._drafts[n : n + k]
+        right = self._ok_sum[n + len(draft)] - self._ok_sum[n]
         self.right += right
-        self.wrong += m - right
+        self.wrong += len(draft) - right
         return draft
 
     def close(self) -> None:
