@@ -3,14 +3,21 @@
 For each mode (``none`` = plain decoding, then each drafter kind both servers run: ``draft`` = a
 small draft model, ``ngram`` = prompt lookup, ``dflash`` where the pair's drafter is a DFlash file)
 both servers are started, with the same target, context, slots (``-np`` / ``--parallel``) and
-threads, and stay up together. For each client count C (1, 2, 4, 8) C real `openai` clients send
-REQUESTS streamed chat requests each, greedy, all at once, to one server and then the other,
-ROUNDS times round, the order alternating each round (interleaved: a machine's drift hits both
-alike). Reported per server: aggregate tok/s (completion tokens of all C streams / wall time),
+threads; every mode's servers stay up together for the whole run. For each client count C (1, 2,
+4, 8) C real `openai` clients send REQUESTS streamed chat requests each, greedy, all at once, to
+one server after another, every server once a round, ROUNDS rounds, each round starting one server
+later and every other round backwards (interleaved: a machine's drift hits all of them alike, so a
+drafting row is compared with the plain rows of the same rounds). Prompts (``--prompts long``, the
+default) ask for essays that run past --max-tokens, so every reply on both servers is that long and
+aggregate tok/s is not skewed by replies that end early on one server (``short``: paragraphs, as
+before; then llama-server also counts the end-of-generation token in ``completion_tokens``, which
+localflash does not). Reported per server: aggregate tok/s (completion tokens of all C streams / wall time),
 per-stream tok/s (a request's completion tokens / its latency as the client sees it), TTFT (the
 first content chunk), each the median over rounds; the ratio localflash / llama-server is the
 median over rounds of the two aggregates of the same round; ``equal`` counts replies whose text
-is the same on both servers (same prompt, same round). The 1-minute load average is recorded
+is the same on both servers (same prompt, same round); a drafting mode's row also gives localflash
+over the better of llama-server's plain and drafting aggregates of the same round (``lf / best ls``)
+and over localflash's own plain (``lf / lf plain``), when ``none`` is among the modes. The 1-minute load average is recorded
 beside every row: timings need an idle machine.
 
 Drafting flags: localflash ``--spec draft --draft-max N`` (its adaptive length, unless --fixed)
@@ -149,7 +156,14 @@ def one_request(client, model: str, prompt: str, max_tokens: int) -> tuple[str, 
     return "".join(parts), usage if usage is not None else len(parts), ttft if ttft is not None else total, total
 
 
-def run_clients(url: str, model: str, n_clients: int, n_requests: int, max_tokens: int) -> tuple[dict, float]:
+def prompt_text(c: int, i: int, n_requests: int, style: str = "short") -> str:
+    topic = TOPICS[(c * n_requests + i) % len(TOPICS)]
+    if style == "long":
+        return f"Write a long, detailed essay of at least 600 words about {topic}."
+    return f"Write a short paragraph about {topic}."
+
+
+def run_clients(url: str, model: str, n_clients: int, n_requests: int, max_tokens: int, style: str = "short") -> tuple[dict, float]:
     """``n_clients`` clients at once, each sending ``n_requests``; {(client, i): (text, tokens, ttft, seconds)} and the wall time."""
     out: dict = {}
     errors: list = []
@@ -157,7 +171,7 @@ def run_clients(url: str, model: str, n_clients: int, n_requests: int, max_token
     def client_loop(c: int):
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=900)
         for i in range(n_requests):
-            prompt = f"Write a short paragraph about {TOPICS[(c * n_requests + i) % len(TOPICS)]}."
+            prompt = prompt_text(c, i, n_requests, style)
             try:
                 out[(c, i)] = one_request(client, model, prompt, max_tokens)
             except Exception as e:  # noqa: BLE001 (reported)
@@ -198,63 +212,97 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-max", type=int, default=8)
     ap.add_argument("--fixed", action="store_true", help="localflash drafts a fixed length (as llama-server does), not its adaptive one")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompts", choices=["long", "short"], default="long",
+                    help="long: essays that run to --max-tokens (every reply the same length on both servers); "
+                         "short: a paragraph, replies end by end-of-generation at lengths that differ")
     ap.add_argument("--peer", default=None, help="the llama-server binary (default peer/bin/llama-server, built when missing)")
     ap.add_argument("--lf-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment of the localflash server (repeatable; e.g. GOMP_SPINCOUNT=300000, libgomp's default spin)")
+    ap.add_argument("--lf-arg", action="append", default=[], metavar="ARG",
+                    help="one more localflash serve argument (repeatable; e.g. --lf-arg=--kv-pool --lf-arg=split)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     binary = peer_binary(args.peer)
     target, dflash, draft = files(args)
     clients = [int(c) for c in args.clients.split(",")]
+    modes = args.modes.split(",")
     work = Path(tempfile.mkdtemp(prefix="lf-vs-ls-"))
     rows = []
-    for mode in args.modes.split(","):
-        lf_args, ls_args = server_args(mode, args, target, dflash, draft)
-        servers = {}
-        try:  # both up at once (an idle server waits without CPU)
-            lf_env = dict(os.environ, **dict(kv.split("=", 1) for kv in args.lf_env)) if args.lf_env else None
-            servers["localflash"] = LiveServer(*lf_args, log=work / f"localflash-{mode}.log", env=lf_env)
-            servers["llama-server"] = LlamaServer(binary, ls_args, work / f"llama-server-{mode}.log")
-            for s in servers.values():  # warm-up (localflash: the step policy's calibration)
-                run_clients(s.url, s.model, 1, 1, 8)
-            for n in clients:
-                got: dict[str, list] = {name: [] for name in servers}
-                for r in range(args.rounds):
-                    order = list(servers) if r % 2 == 0 else list(servers)[::-1]
-                    for name in order:
-                        load = os.getloadavg()[0]
-                        replies, wall = run_clients(servers[name].url, servers[name].model, n, args.requests, args.max_tokens)
-                        got[name].append((replies, wall, load))
-                equal = sum(a[0] == b[0] for (ra, _, _), (rb, _, _) in zip(got["localflash"], got["llama-server"])
-                            for a, b in ((ra[key], rb[key]) for key in ra))
-                row = {"mode": mode, "clients": n, "rounds": args.rounds, "requests": n * args.requests * args.rounds, "equal_texts": equal}
-                for name, runs in got.items():
-                    fs = [figures(replies, wall) for replies, wall, _ in runs]
-                    row[name] = {k: round(statistics.median(f[k] for f in fs), 3) for k in fs[0]}
-                    row[name]["rounds_aggregate_tok_s"] = [round(f["aggregate_tok_s"], 2) for f in fs]
-                    row[name]["load_1min"] = [round(load, 2) for _, _, load in runs]
-                row["localflash_over_llama_server"] = round(statistics.median(
-                    a / b for a, b in zip(row["localflash"]["rounds_aggregate_tok_s"], row["llama-server"]["rounds_aggregate_tok_s"])), 3)
+    servers: dict[tuple[str, str], object] = {}
+    try:  # every mode's two servers up at once (an idle server waits without CPU): one round visits all of them
+        lf_env = dict(os.environ, **dict(kv.split("=", 1) for kv in args.lf_env)) if args.lf_env else None
+        for mode in modes:
+            lf_args, ls_args = server_args(mode, args, target, dflash, draft)
+            servers[mode, "localflash"] = LiveServer(*lf_args, *args.lf_arg, log=work / f"localflash-{mode}.log", env=lf_env)
+            servers[mode, "llama-server"] = LlamaServer(binary, ls_args, work / f"llama-server-{mode}.log")
+        for s in servers.values():  # warm-up (localflash: the step policy's calibration)
+            run_clients(s.url, s.model, 1, 1, 8, args.prompts)
+        keys = list(servers)
+        for n in clients:
+            got: dict[tuple[str, str], list] = {key: [] for key in keys}
+            for r in range(args.rounds):
+                order = keys[r % len(keys):] + keys[: r % len(keys)]  # each round starts one server later,
+                order = order if r % 2 == 0 else order[::-1]  # and every other round runs backwards
+                for key in order:
+                    load = os.getloadavg()[0]
+                    replies, wall = run_clients(servers[key].url, servers[key].model, n, args.requests, args.max_tokens, args.prompts)
+                    got[key].append((replies, wall, load))
+            for mode in modes:
+                row = mode_row(mode, n, args, got)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-        finally:
-            for s in servers.values():
-                s.stop()
+    finally:
+        for s in servers.values():
+            s.stop()
     print(markdown(rows, args, target))
     if args.json:
         Path(args.json).write_text(json.dumps({"settings": vars(args), "target": target, "rows": rows}, indent=1) + "\n")
     return 0
 
 
+def mode_row(mode: str, n: int, args, got: dict) -> dict:
+    """One mode's row at ``n`` clients: each server's medians over rounds, the ratio, and for a drafting mode
+    (when plain ran too) localflash over the better of llama-server's plain and drafting, and over its own plain,
+    each the median over rounds of the same round's aggregates."""
+    lf, ls = got[mode, "localflash"], got[mode, "llama-server"]
+    equal = sum(a[0] == b[0] for (ra, _, _), (rb, _, _) in zip(lf, ls) for a, b in ((ra[key], rb[key]) for key in ra))
+    row = {"mode": mode, "clients": n, "rounds": args.rounds, "requests": n * args.requests * args.rounds, "equal_texts": equal}
+    agg = {}
+    for key, runs in got.items():
+        if key[0] != mode and not (key[0] == "none" and mode != "none"):
+            continue
+        fs = [figures(replies, wall) for replies, wall, _ in runs]
+        agg[key] = [f["aggregate_tok_s"] for f in fs]
+        if key[0] != mode:
+            continue
+        name = key[1]
+        row[name] = {k: round(statistics.median(f[k] for f in fs), 3) for k in fs[0]}
+        row[name]["rounds_aggregate_tok_s"] = [round(a, 2) for a in agg[key]]
+        row[name]["load_1min"] = [round(load, 2) for _, _, load in runs]
+
+    def over(a, b):
+        return round(statistics.median(x / y for x, y in zip(a, b)), 3)
+
+    row["localflash_over_llama_server"] = over(agg[mode, "localflash"], agg[mode, "llama-server"])
+    if mode != "none" and ("none", "llama-server") in agg:
+        best = [max(p, d) for p, d in zip(agg["none", "llama-server"], agg[mode, "llama-server"])]
+        row["localflash_over_best_llama_server"] = over(agg[mode, "localflash"], best)
+        row["localflash_over_own_plain"] = over(agg[mode, "localflash"], agg["none", "localflash"])
+    return row
+
+
 def markdown(rows: list[dict], args, target: str) -> str:
-    lines = [f"{Path(target).name}, -np {args.slots} -c {args.ctx} -t {args.threads}, {args.max_tokens} tokens a request, greedy, "
-             f"medians of {args.rounds} interleaved rounds", "",
-             "| mode | clients | localflash agg tok/s | llama-server agg tok/s | ratio | per-stream (lf / ls) | TTFT s (lf / ls) "
-             "| equal texts | load |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [f"{Path(target).name}, -np {args.slots} -c {args.ctx} -t {args.threads}, {args.max_tokens} tokens a request "
+             f"({args.prompts} prompts), greedy, medians of {args.rounds} interleaved rounds (every server in each round)", "",
+             "| mode | clients | localflash agg tok/s | llama-server agg tok/s | ratio | lf / best ls | lf / lf plain "
+             "| per-stream (lf / ls) | TTFT s (lf / ls) | equal texts | load |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         lf, ls = r["localflash"], r["llama-server"]
+        best = f"{r['localflash_over_best_llama_server']:.2f}×" if "localflash_over_best_llama_server" in r else "–"
+        own = f"{r['localflash_over_own_plain']:.2f}×" if "localflash_over_own_plain" in r else "–"
         lines.append(f"| {r['mode']} | {r['clients']} | {lf['aggregate_tok_s']:.1f} | {ls['aggregate_tok_s']:.1f} | "
-                     f"{r['localflash_over_llama_server']:.2f}× | {lf['per_stream_tok_s']:.1f} / {ls['per_stream_tok_s']:.1f} | "
+                     f"{r['localflash_over_llama_server']:.2f}× | {best} | {own} | {lf['per_stream_tok_s']:.1f} / {ls['per_stream_tok_s']:.1f} | "
                      f"{lf['ttft_s']:.2f} / {ls['ttft_s']:.2f} | {r['equal_texts']}/{r['requests']} | "
                      f"{max(lf['load_1min'] + ls['load_1min']):.2f} |")
     return "\n".join(lines)

@@ -173,6 +173,7 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", default="4")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--prompts", choices=["long", "short"], default="long", help="as bench_vs_llama_server.py's")
     ap.add_argument("--peer", default=None, help="profile this llama-server binary instead")
     ap.add_argument("extra", nargs="*", help="more server arguments (after --)")
     args = ap.parse_args(argv)
@@ -191,7 +192,7 @@ def main(argv=None) -> int:
             for r in range(args.rounds):
                 load = os.getloadavg()[0]
                 a = snap()
-                replies, wall = run_clients(srv.url, srv.model, n, 1, args.max_tokens)
+                replies, wall = run_clients(srv.url, srv.model, n, 1, args.max_tokens, args.prompts)
                 b = snap()
                 d = diff(a, b, sum(x[1] for x in replies.values()), wall)
                 print(json.dumps({"server": "llama-server" if args.peer else "localflash", "clients": n, "round": r, "load_1min": round(load, 2), **d}),
