@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 
 from localflash.errors import LocalflashError
@@ -17,24 +18,19 @@ def render_chat(
     passes them; a template that never reads ``tools`` ignores them.
     """
     from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     source = model.chat_template()
     if not source:
         raise LocalflashError(f"{model.path.name} has no chat template", hint="use --raw to send the prompt as plain text")
-
-    def raise_exception(message):
-        raise TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    env.filters["tojson"] = _tojson  # Hugging Face's: plain json.dumps, no HTML escaping
+    try:
+        template = _compiled(source)
+    except TemplateError as e:
+        raise LocalflashError(f"the chat template of {model.path.name} failed: {e}") from e
     extra = {} if thinking is None else {"enable_thinking": thinking}
     if tools:
         extra["tools"] = tools
     def render(object_arguments: bool) -> str:
-        return env.from_string(source).render(
+        return template.render(
             messages=[template_message(m, object_arguments) for m in messages],
             add_generation_prompt=add_generation_prompt,
             bos_token=model.token_text(model.bos) if model.bos >= 0 else "",
@@ -54,6 +50,23 @@ def render_chat(
         raise LocalflashError(f"the chat template of {model.path.name} failed: {e}") from e
     except (TypeError, ValueError, AttributeError, KeyError) as e:  # a message the template cannot take
         raise LocalflashError(f"the chat template of {model.path.name} cannot render these messages: {e}") from e
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(source: str):
+    """The template compiled once per source text: a Qwen chat template takes tens of milliseconds to compile,
+    which every request paid before its first token (rendering a compiled template is thread-safe)."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.filters["tojson"] = _tojson  # Hugging Face's: plain json.dumps, no HTML escaping
+    return env.from_string(source)
 
 
 def template_message(m: dict, object_arguments: bool = True) -> dict:
