@@ -36,7 +36,8 @@ from localflash.speculative.group import DrafterGroup
 from localflash.speculative.kv_pool import KvPool, SlotRequest
 from localflash.speculative.loop import Engine, check_prompt, verify_block
 from localflash.speculative.prefill import JoiningPrompts, PromptFill
-from localflash.speculative.grammar import finish, host_sampler, trim_draft
+from localflash.speculative.grammar import finish, trim_draft
+from localflash.speculative.graph_sampler import GraphSampler, slot_sampler
 from localflash.speculative.stats import Stats
 from localflash.speculative.step_policy import StepPolicy
 
@@ -99,8 +100,10 @@ class SlotPool(JoiningPrompts):
     clock = staticmethod(time.perf_counter)
 
     def __init__(self, target, ctx, drafters: list, adaptive: bool = True, draft_max: int | None = None,
-                 max_rows: int | None = None, n_ubatch: int = 512, group: DrafterGroup | None = None, exact: bool = False):
+                 max_rows: int | None = None, n_ubatch: int = 512, group: DrafterGroup | None = None, exact: bool = False,
+                 sample_in_graph: bool = False):
         self.target = target
+        self.in_graph = sample_in_graph  # each slot's rows sampled by a chain of its own in the graph (graph_sampler.slot_sampler)
         self.ctx = ctx
         self.group = group or DrafterGroup(drafters)  # drafts and intakes of a whole step (speculative/group.py)
         self.n_ubatch = n_ubatch
@@ -314,6 +317,8 @@ class SlotPool(JoiningPrompts):
             self._calibrate(slot)
             st.t_calibrate = self.clock() - t_cal  # the pool's one-off cost, paid by the request that met it
         st.drafter = slot.drafter.name if slot.policy.max_draft else "none"
+        req.sample = slot_sampler(slot.ctx, req.sample, self.in_graph)
+        st.sampled_in = "graph" if isinstance(req.sample, GraphSampler) else "host"
         req.t_fill = self.clock()
         req.counts0 = dict(slot.ctx.counts)
         req.fill = PromptFill(slot, req.prompt, st)
