@@ -19,7 +19,7 @@ import numpy as np
 
 from localflash.errors import LocalflashError
 from localflash.llama.bindings import ext, lib, lib_address
-from localflash.llama.graph_sampling import LLAMA_TOKEN_NULL, committed
+from localflash.llama.graph_sampling import GREEDY, LLAMA_TOKEN_NULL, committed
 from localflash.llama.views import address_view, float_view
 from localflash.llama.rollback import RecurrentCache
 
@@ -123,7 +123,11 @@ class SeqView(RecurrentCache):
         new = committed(ids, draft, eog)
         if LLAMA_TOKEN_NULL in new:
             self.sampled(len(new) - 1 if n else -1)  # raises the clear error
-        self.accept_sampled(new)
+        base, seq = self.base, self.seq
+        if base._keys.get(seq) != GREEDY:  # (accept_sampled, inline: a slot's verify runs every step)
+            accept, chain = lib().llama_sampler_accept, base._chains[seq]
+            for t in new:
+                accept(chain, t)
         return new
 
     def logits(self, row: int = -1) -> np.ndarray:
