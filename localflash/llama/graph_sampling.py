@@ -1,9 +1,13 @@
 """Sampling a context's output rows inside llama.cpp's graph (backend sampling, ``llama_set_sampler``).
 
-With a sampler chain attached to sequence 0, every output row of a decode is sampled where it is
-computed: only token ids come back (``llama_get_sampled_token_ith``), and llama.cpp copies no
-logits to the host (``needs_raw_logits`` in src/llama-context.cpp is false when every output
-row's sequence has a sampler), so :meth:`Context.logits` has nothing to show afterwards.
+With a sampler chain attached to a sequence (sequence 0 for one stream; each slot's own in a slot
+pool: :meth:`InGraphSampling.sample_seq_in_graph`), every output row of that sequence is sampled
+where it is computed, by that chain: only token ids come back (``llama_get_sampled_token_ith``),
+and llama.cpp copies no logits to the host (``needs_raw_logits`` in src/llama-context.cpp is false
+when every output row's sequence has a sampler; one row of a sequence without one brings the
+logits of its whole micro-batch), so :meth:`Context.logits` has nothing to show afterwards. A
+chain's stream is its own: a decode draws for a sequence only if it has output rows of it
+(``llm_graph_input_sampling::set_input``), so other sequences' rows never move it.
 
 The chain is llama.cpp's default order, as localflash's own sampler applies it: ``greedy`` alone
 (temperature 0), else top-k, top-p, min-p (on the untempered logits), temperature, ``dist``.

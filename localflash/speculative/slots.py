@@ -20,6 +20,10 @@ slot (just ``[last]`` where k is 0), each slot's rows are verified exactly as in
 snapshots, right after the decode that made them), then those that restore a recurrent checkpoint and replay. A
 finished or cancelled request frees its slot at the next step boundary.
 
+*In the graph* (``--sample-in-graph``): each slot's sequence samples with a chain of its request's own settings and
+seed, attached when the request takes the slot (:func:`~localflash.speculative.graph_sampler.slot_sampler`), and a
+slot's verify reads its rows' ids (``SeqView.verify_sampled``) instead of their logits; a grammar request goes on the host.
+
 *Unified KV* (``--kv-pool unified``): every slot draws cells from one pool of ``n_ctx``; a request is admitted once
 its reservation fits, after dropping idle caches or waiting for room (:mod:`.kv_pool`).
 """
