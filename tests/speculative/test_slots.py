@@ -221,14 +221,15 @@ def test_a_drafter_that_never_pays_probes_on_one_slot_in_turn(files):
 IN_GRAPH_PROMPTS = 5  # localflash.testing.slots.PROMPTS
 
 
-@pytest.mark.parametrize("kind", ["none", "draft", "dflash"])
+@pytest.mark.parametrize("kind", ["none", "draft", "dflash", "qwen35-mtp"])
 def test_slots_sampling_in_the_graph_reply_as_plain_decoding_of_each_request(files, kind):
     """``--sample-in-graph on`` (forced: ``auto`` stays off on a CPU): every slot's sequence samples with its request's
     own chain. Each reply equals the same request decoded plainly (no drafter) on a one-slot LLM sampling in the graph:
     greedy; sampled with a seed of its own (the slot's chain draws the stream a one-stream chain of that seed draws:
     graph_sampling.py's transactional ``dist``); and ``mixed`` (localflash.testing.slots.mixed): greedy, three filter
     settings with their own temperatures and seeds, and a grammar request (sampled on the host, its slot's chain
-    detached: graph_sampler.slot_sampler) in the same steps. ``fixed`` drafting: every step drafts, verifies and cuts."""
+    detached: graph_sampler.slot_sampler) in the same steps. ``fixed`` drafting: every step drafts, verifies and cuts
+(the K-quant hybrid with MTP: snapshot rollbacks and checkpoint restores)."""
     r = _check(_options(files, kind) | {"sample_in_graph": "on", "solo_plain": True}, 4, ("sampled", "mixed"))
     assert r["greedy"] == r["solo_greedy"]
     assert r["sampled"] == r["solo_sampled"]
