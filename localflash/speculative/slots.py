@@ -52,7 +52,7 @@ class SlotEngine(Engine):
     """One slot: an Engine on its sequence of the pool's context; requests run on the pool's thread."""
 
     def __init__(self, pool: "SlotPool", index: int, target, view: SeqView, drafter, adaptive: bool, draft_max):
-        super().__init__(target, view, drafter, adaptive, draft_max)
+        super().__init__(target, view, drafter, adaptive, draft_max, sample_in_graph=pool.in_graph)  # (_prefill reads no logits)
         self.pool = pool
         self.index = index
         self.calibrated = True  # the pool measures step costs (StepPolicy), not each slot
