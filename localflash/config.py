@@ -65,7 +65,7 @@ LOAD_OPTIONS: dict[str, LoadOption] = {
                                          "routing (an empty, else the least recently used free slot)."),
     "rpc": LoadOption(Optional[str], None, ("--rpc",), "llama.cpp rpc-servers for target layers: HOST:PORT[,HOST:PORT...] (load(): a list too); trusted network only."),
     "tree": LoadOption(Optional[int], None, ("--tree",), "Verify a tree of at most N drafted tokens per target pass (0: a chain; default: a chain). Not on hybrid targets."),
-    "sample_in_graph": LoadOption(str, "auto", ("--sample-in-graph",), "auto | on | off: sample the target's rows inside llama.cpp's graph, so only token ids reach the host (auto: on where the target's output layer is on a GPU; not with --tree or slots)."),
+    "sample_in_graph": LoadOption(str, "auto", ("--sample-in-graph",), "auto | on | off: sample the target's rows inside llama.cpp's graph, so only token ids reach the host (auto: on where the target's output layer is on a GPU; not with --tree)."),
     # Python API only
     "vram": LoadOption(Optional[str], None, (), 'VRAM budget override, e.g. "24GiB" (default: detected).'),
     "gpus": LoadOption(Optional[str], None, (), 'Cards by index ("0,1") or by size ("24GiB,24GiB").'),
@@ -190,9 +190,9 @@ def config_from(pair: str | None, target: str | None, drafter: str | None, **fla
                               f"{EXACT_MAX_ROWS - 1}, got {cfg.draft_max}")
     if cfg.sample_in_graph not in SAMPLE_IN_GRAPH:
         raise LocalflashError(f"unknown --sample-in-graph {cfg.sample_in_graph!r}", hint=f"use one of {', '.join(SAMPLE_IN_GRAPH)}")
-    if cfg.sample_in_graph == "on" and (cfg.tree or cfg.parallel > 1):
-        raise LocalflashError(f"--sample-in-graph on does not combine with {'--tree' if cfg.tree else 'parallel slots'}: "
-                              "their rows are sampled on the host", hint="use --sample-in-graph auto or off")
+    if cfg.sample_in_graph == "on" and cfg.tree:
+        raise LocalflashError("--sample-in-graph on does not combine with --tree: a tree's walk reads every node's logits on the host",
+                              hint="use --sample-in-graph auto or off")
     if cfg.kv_pool not in KV_POOLS:
         raise LocalflashError(f"unknown --kv-pool {cfg.kv_pool!r}", hint=f"use one of {', '.join(KV_POOLS)}")
     if cfg.tree is not None and not 0 <= cfg.tree <= TREE_MAX:

@@ -218,7 +218,8 @@ def open_engine(cfg: RunConfig, target=None):
         group = make_slot_drafters(spec, target, ctx, drafter_model, n_seq, n_ctx=drafter_ctx, max_draft=max_draft,
                                    threads=cfg.threads, p_min=cfg.p_min, kv=drafter_kv)
         pool = SlotPool(target, ctx, group.drafters, adaptive=cfg.adaptive, draft_max=max_draft,
-                        max_rows=EXACT_MAX_ROWS if cfg.exact else None, n_ubatch=n_ubatch, group=group, exact=cfg.exact)
+                        max_rows=EXACT_MAX_ROWS if cfg.exact else None, n_ubatch=n_ubatch, group=group, exact=cfg.exact,
+                        sample_in_graph=in_graph)
         pool.plan = plan
         return pool
     drafter = make_drafter(spec, target, ctx, drafter_model, n_ctx=drafter_ctx, max_draft=max_draft, threads=cfg.threads,
@@ -242,10 +243,12 @@ def sample_in_graph(cfg: RunConfig, ctx, target) -> bool:
     Not on a CPU: ggml's CPU sampling ops take every row of the pass (argmax, top-k, a full sort for
     top-p), where the host sampler reads only the rows up to the first rejection (docs/benchmarks.md).
     ``on`` forces it (an error where llama.cpp cannot attach the chain; config_from refuses it with a
-    tree or slots, whose rows the host reads), ``off`` keeps the host path.
+    tree, whose walk reads every node's logits), ``off`` keeps the host path. Parallel slots resolve
+    alike; each slot's chain is attached when a request takes the slot (graph_sampler.slot_sampler), so
+    here a greedy chain is only tried on sequence 0 and detached again.
     """
     want = cfg.sample_in_graph
-    if want == "off" or cfg.tree or cfg.parallel > 1:
+    if want == "off" or cfg.tree:
         return False
     from localflash.llama import gpu_offload_supported
 
@@ -253,6 +256,8 @@ def sample_in_graph(cfg: RunConfig, ctx, target) -> bool:
     if want == "auto" and not (gpu_offload_supported() and (layers < 0 or layers > target.n_layer)):
         return False
     if ctx.sample_greedy_in_graph():
+        if cfg.parallel > 1:
+            ctx.sample_on_host()
         return True
     if want == "on":
         raise LocalflashError("llama.cpp could not attach a sampler chain to the target context", hint="use --sample-in-graph off")

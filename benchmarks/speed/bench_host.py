@@ -47,7 +47,9 @@ graph's sampling ops run inside the target's ``llama_decode``, the target decode
 column). Sampled runs of ``graph+target`` are checked against plain decoding on the
 same path (llama.cpp's ``dist`` draws differently from localflash's sampler).
 Each block also prints the bytes of logits that cross to the host per cycle on
-each path (computed from the shapes).
+each path (computed from the shapes). ``--slots N`` runs N parallel slots too; with
+``--slot-sampling host,graph`` both ways (``slotsN+graph``: each slot's rows sampled by its
+request's chain in the graph), with the verify rows' bytes to the host a step.
 
     .venv/bin/python benchmarks/speed/bench_host.py --json host.json
     .venv/bin/python benchmarks/speed/bench_host.py --blocks 16 --sampling greedy --variants graph --tokens 64 --profile
@@ -151,14 +153,17 @@ def plain_reference(target, prompt, n_tokens, sp, threads, in_graph=False) -> li
     return out
 
 
-def run_slots(tpath: Path, dpath: Path, block: int, n_slots: int, a, out: list) -> None:
+def run_slots(tpath: Path, dpath: Path, block: int, n_slots: int, a, out: list, in_graph: bool = False) -> None:
     """``n_slots`` parallel slots (speculative/slots.py) on one target context, DFlash drafts for all slots in one
-    decode (argmax in the graph), each slot's proposal replaced by the synthetic oracle; target rows on the host
-    (slots sample there). Host = the pool thread's CPU outside llama_decode, per step; calls: the pool thread's."""
+    decode (argmax in the graph), each slot's proposal replaced by the synthetic oracle; target rows on the host, or
+    (``in_graph``, variant ``slotsN+graph``) each slot's rows sampled by its request's chain in llama.cpp's graph
+    (``--sample-in-graph on``; checked against plain decoding on that path). Host = the pool thread's CPU outside
+    llama_decode, per step; calls: the pool thread's."""
     import threading
     from collections import Counter
 
     from localflash.llama import Context, ContextOptions, Model
+    from localflash.llama.graph_sampling import logits_bytes_to_host
     from localflash.speculative.dflash import DFlashGroup
     from localflash.speculative.sampling import SamplingParams
     from localflash.speculative.slots import SlotPool
@@ -172,13 +177,14 @@ def run_slots(tpath: Path, dpath: Path, block: int, n_slots: int, a, out: list) 
     inner = DFlashGroup(Model(dpath), target, ctx, 1024 + block, n_slots, n_threads=a.threads, in_graph_argmax=True)
     group = SyntheticGroup([SyntheticDrafter(a.alpha, k, target.n_vocab, inner=d) for d in inner.drafters], inner)
     tt, dt = Timer(ctx), Timer(inner.ctx)
-    pool = SlotPool(target, ctx, group.drafters, adaptive=False, draft_max=k, group=group)
+    pool = SlotPool(target, ctx, group.drafters, adaptive=False, draft_max=k, group=group, sample_in_graph=in_graph)
+    variant = f"slots{n_slots}" + ("+graph" if in_graph else "")
     prompt = [int(x) for x in np.random.default_rng(0).integers(300, target.n_vocab - 1, size=64)]
     try:
         for name in a.sampling.split(","):
             temp, top_k, top_p, min_p = SAMPLING[name]
             sp = SamplingParams(temp, top_k, top_p, min_p, seed=7)
-            ref = plain_reference(target, prompt, a.tokens, sp, a.threads)
+            ref = plain_reference(target, prompt, a.tokens, sp, a.threads, in_graph)
             res = {}
             for counting in (False, True):
                 for d in group.drafters:
@@ -199,7 +205,7 @@ def run_slots(tpath: Path, dpath: Path, block: int, n_slots: int, a, out: list) 
                 threads = [threading.Thread(target=go, args=(i,)) for i in range(n_slots)]
                 for s in pool.slots:
                     s.reset()
-                c0, s0, in0 = pool.call(time.thread_time), pool.steps, tt.cpu + dt.cpu
+                c0, s0, in0, r0 = pool.call(time.thread_time), pool.steps, tt.cpu + dt.cpu, pool.rows_decoded
                 for t in threads:
                     t.start()
                 if counting:  # from the step where every slot decodes (no prefill) to the end
@@ -221,14 +227,16 @@ def run_slots(tpath: Path, dpath: Path, block: int, n_slots: int, a, out: list) 
                 else:
                     steps = pool.steps - s0
                     host = pool.call(time.thread_time) - c0 - (tt.cpu + dt.cpu - in0)
-                    res.update(host_us=1e6 * host / steps, steps=steps, same=all(o == ref for o in outs))
-            row = {"block": block, "sampling": name, "variant": f"slots{n_slots}", "tokens": a.tokens, "slots": n_slots,
+                    res.update(host_us=1e6 * host / steps, steps=steps, same=all(o == ref for o in outs),
+                               bytes=logits_bytes_to_host(pool.rows_decoded - r0, target.n_vocab, in_graph) / steps)
+            row = {"block": block, "sampling": name, "variant": variant, "tokens": a.tokens, "slots": n_slots,
                    "steps": res["steps"], "host_cpu_us_per_step": res["host_us"], "python_calls_per_step": res["calls"],
-                   "python_calls_per_step_per_slot": res["calls"] / n_slots, "same_as_plain": res["same"]}
+                   "python_calls_per_step_per_slot": res["calls"] / n_slots, "same_as_plain": res["same"],
+                   "logits_bytes_to_host_per_step": res["bytes"]}
             out.append(row)
-            print(f"block {block:2d} {name:7s} slots{n_slots:<7d}: host {res['host_us']:7.0f} us/step CPU (prefill steps included), "
+            print(f"block {block:2d} {name:7s} {variant:13s}: host {res['host_us']:7.0f} us/step CPU (prefill steps included), "
                   f"{res['steps']} steps, {res['calls']:.1f} Python calls/step ({res['calls'] / n_slots:.1f} per slot), "
-                  f"every slot same as plain {res['same']}", flush=True)
+                  f"every slot same as plain {res['same']}, {res['bytes'] / 1e3:.1f} kB of verify rows to the host a step", flush=True)
     finally:
         pool.close()
 
@@ -522,6 +530,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-count-calls", dest="count_calls", action="store_false",
                     help="skip the extra run per setting that counts Python calls per cycle")
     ap.add_argument("--slots", default="", help="comma list of parallel slot counts to run as well (e.g. 4,8)")
+    ap.add_argument("--slot-sampling", default="host", help="comma list of where the slots' target rows are sampled: host, graph "
+                                                            "(each slot's chain in llama.cpp's graph: --sample-in-graph on)")
     ap.add_argument("--tree", type=int, default=0, help="also run one stream verifying a DDTree of this many nodes (e.g. 16)")
     ap.add_argument("--breakdown", type=int, default=0, metavar="N", help="print the N functions called most often per cycle")
     ap.add_argument("--small", action="store_true", help="tiny shapes (vocabulary 8,192, width 512): the same calls per cycle, in seconds")
@@ -537,7 +547,8 @@ def main(argv=None) -> int:
         if a.variants:
             run_block(tpath, dpaths[b], b, a, rows, refs)
         for n in [int(x) for x in a.slots.split(",") if x]:
-            run_slots(tpath, dpaths[b], b, n, a, rows)
+            for path in a.slot_sampling.split(","):
+                run_slots(tpath, dpaths[b], b, n, a, rows, in_graph=path == "graph")
         if a.tree:
             run_tree(write_dense_target(Path(a.work), a.small), dpaths[b], b, a.tree, a, rows)
     if a.json:

@@ -1,9 +1,13 @@
 """Sampling a context's output rows inside llama.cpp's graph (backend sampling, ``llama_set_sampler``).
 
-With a sampler chain attached to sequence 0, every output row of a decode is sampled where it is
-computed: only token ids come back (``llama_get_sampled_token_ith``), and llama.cpp copies no
-logits to the host (``needs_raw_logits`` in src/llama-context.cpp is false when every output
-row's sequence has a sampler), so :meth:`Context.logits` has nothing to show afterwards.
+With a sampler chain attached to a sequence (sequence 0 for one stream; each slot's own in a slot
+pool: :meth:`InGraphSampling.sample_seq_in_graph`), every output row of that sequence is sampled
+where it is computed, by that chain: only token ids come back (``llama_get_sampled_token_ith``),
+and llama.cpp copies no logits to the host (``needs_raw_logits`` in src/llama-context.cpp is false
+when every output row's sequence has a sampler; one row of a sequence without one brings the
+logits of its whole micro-batch), so :meth:`Context.logits` has nothing to show afterwards. A
+chain's stream is its own: a decode draws for a sequence only if it has output rows of it
+(``llm_graph_input_sampling::set_input``), so other sequences' rows never move it.
 
 The chain is llama.cpp's default order, as localflash's own sampler applies it: ``greedy`` alone
 (temperature 0), else top-k, top-p, min-p (on the untempered logits), temperature, ``dist``.
@@ -55,47 +59,67 @@ def chain_ptr(temperature: float, top_k: int, top_p: float, min_p: float, seed: 
     return ptr
 
 
-class InGraphSampling:
-    """:class:`~localflash.llama.runtime.Context` methods: sequence 0's rows sampled in llama.cpp's graph.
+GREEDY = ("greedy",)  # the settings key of a greedy chain (no random stream: nothing to accept)
 
-    The context keeps the chain it samples with alive (``_chains``, freed after the context).
+
+class InGraphSampling:
+    """:class:`~localflash.llama.runtime.Context` methods: a sequence's rows sampled in llama.cpp's graph.
+
+    Each sequence may carry a chain of its own (``llama_set_sampler`` takes one per sequence id):
+    the one-stream loop uses sequence 0's (:meth:`sample_in_graph`), a slot pool each slot's
+    (:meth:`sample_seq_in_graph`, through its :class:`~localflash.llama.sequences.SeqView`). The
+    context keeps the chains it samples with alive (``_chains``, freed after the context).
     """
 
     def _init_graph_sampling(self) -> None:
-        self._chains: list = []  # the attached chains (chain i: sequence i's; one but for greedy ones), freed after the context
-        self._graph_key: tuple | None = None  # the settings of the attached chain; None: rows go to the host
+        self._chains: dict = {}  # sequence -> its attached chain, freed after the context
+        self._keys: dict = {}  # sequence -> the settings of its chain
 
     def _finalizer(self) -> weakref.finalize:
         return weakref.finalize(self, _free_context_and_chains, self.ptr, self._chains)
 
     @property
+    def _graph_key(self):
+        """Sequence 0's chain settings; None: its rows go to the host."""
+        return self._keys.get(0)
+
+    @property
     def samples_in_graph(self) -> bool:
         """Whether sequence 0's output rows are sampled in the graph (no logits reach the host)."""
-        return self._graph_key is not None
+        return 0 in self._keys
 
     def sample_in_graph(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                         seed: int | None = None) -> bool:
         """Sample every output row of sequence 0 in the graph with these settings, from a fresh stream of ``seed``.
 
         The same settings as the attached chain's: the chain is reset (its generator back to
-        ``seed``; no graph rebuild). Other settings: a new chain replaces it (llama.cpp reserves
-        its graphs again at the next decode). Returns False where the backend cannot take the
-        chain; sequence 0's rows then go to the host again.
+        ``seed``; no graph rebuild). Other settings: a new chain replaces it, and every other
+        sequence's chain goes too (llama.cpp reserves its graphs again at the next decode).
+        Returns False where the backend cannot take the chain; sequence 0's rows then go to the host again.
         """
-        L = lib()
-        key = ("greedy",) if temperature <= 0 else (float(temperature), int(top_k), float(top_p), float(min_p), seed)
-        if key == self._graph_key:
-            L.llama_sampler_reset(self._chains[0])
+        key = _key(temperature, top_k, top_p, min_p, seed)
+        if key == self._keys.get(0):
+            lib().llama_sampler_reset(self._chains[0])
             return True
         self._release_chain()  # detached first: every attached chain (other sequences' greedy ones too) goes
-        new = chain_ptr(temperature, top_k, top_p, min_p, seed)
-        ok = bool(L.llama_set_sampler(self.ptr, 0, new))
-        if not ok:
-            L.llama_sampler_free(new)
-            self._graph_key = None
+        return self._attach(0, key, chain_ptr(temperature, top_k, top_p, min_p, seed))
+
+    def sample_seq_in_graph(self, seq: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                            min_p: float = 0.0, seed: int | None = None) -> bool:
+        """:meth:`sample_in_graph` for sequence ``seq`` alone: the other sequences' chains stay as they are."""
+        key = _key(temperature, top_k, top_p, min_p, seed)
+        if key == self._keys.get(seq):
+            lib().llama_sampler_reset(self._chains[seq])
+            return True
+        self.sample_seq_on_host(seq)
+        return self._attach(seq, key, chain_ptr(temperature, top_k, top_p, min_p, seed))
+
+    def _attach(self, seq: int, key: tuple, chain) -> bool:
+        L = lib()
+        if not L.llama_set_sampler(self.ptr, seq, chain):
+            L.llama_sampler_free(chain)
             return False
-        self._chains.append(new)
-        self._graph_key = key
+        self._chains[seq], self._keys[seq] = chain, key
         return True
 
     def sample_greedy_in_graph(self, n_seq: int = 1) -> bool:
@@ -103,27 +127,29 @@ class InGraphSampling:
         each: a slot pool's shared drafter context); read the ids with :meth:`sampled`."""
         if not self.sample_in_graph():
             return False
-        L = lib()
-        for seq in range(len(self._chains), n_seq):
-            chain = chain_ptr(0.0, 0, 1.0, 0.0)
-            if not L.llama_set_sampler(self.ptr, seq, chain):
-                L.llama_sampler_free(chain)
+        for seq in range(1, n_seq):
+            if seq not in self._chains and not self._attach(seq, GREEDY, chain_ptr(0.0, 0, 1.0, 0.0)):
                 self.sample_on_host()
                 return False
-            self._chains.append(chain)
         return True
 
     def sample_on_host(self) -> None:
-        """Detach the chains: decodes copy logits to the host again."""
-        if self._graph_key is not None:
+        """Detach every chain: decodes copy logits to the host again."""
+        if self._chains:
             self._release_chain()
-            self._graph_key = None
+
+    def sample_seq_on_host(self, seq: int) -> None:
+        """Detach sequence ``seq``'s chain: its rows' logits reach the host again (and with them those of every
+        other output row of a micro-batch that holds one of its rows: llama.cpp's ``needs_raw_logits``)."""
+        chain = self._chains.pop(seq, None)
+        if chain is not None:
+            del self._keys[seq]
+            lib().llama_set_sampler(self.ptr, seq, None)
+            lib().llama_sampler_free(chain)
 
     def _release_chain(self) -> None:
-        for seq in range(len(self._chains)):  # chain i samples sequence i
-            lib().llama_set_sampler(self.ptr, seq, None)
-        while self._chains:
-            lib().llama_sampler_free(self._chains.pop())
+        for seq in list(self._chains):
+            self.sample_seq_on_host(seq)
 
     def sampled(self, row: int = -1) -> int:
         """The token the in-graph chain chose for output row ``row`` (a batch index; -1: the last real row)."""
@@ -197,19 +223,45 @@ class InGraphSampling:
         self.accept_sampled(new)
         return new
 
-    def accept_sampled(self, tokens) -> None:
-        """Commit ``tokens`` to the chain: its generator advances one draw per token (see the module docstring)."""
-        if self._chains and self._graph_key != ("greedy",):
-            accept, chain = lib().llama_sampler_accept, self._chains[0]
+    def accept_sampled(self, tokens, seq: int = 0) -> None:
+        """Commit ``tokens`` to sequence ``seq``'s chain: its generator advances one draw per token (see the module
+        docstring); a greedy chain has no stream to advance."""
+        key = self._keys.get(seq)
+        if key is not None and key != GREEDY:
+            accept, chain = lib().llama_sampler_accept, self._chains[seq]
             for t in tokens:
                 accept(chain, t)
 
 
-def _free_context_and_chains(ctx, chains: list) -> None:
-    """The context first: it refers to its chain."""
+def _key(temperature: float, top_k: int, top_p: float, min_p: float, seed: int | None) -> tuple:
+    return GREEDY if temperature <= 0 else (float(temperature), int(top_k), float(top_p), float(min_p), seed)
+
+
+def committed(ids: list[int], draft: list[int], eog) -> list[int]:
+    """The verify rule on a verify pass's in-graph ids (``ids[i]``: row i's, ``len(draft) + 1`` of them): drafts
+    kept while they equal the ids, then the target's own; cut after the first end of generation (in the set ``eog``)."""
+    n = len(draft)
+    if ids[:n] == draft:
+        new = ids[: n + 1]
+    else:
+        i = 0
+        while ids[i] == draft[i]:
+            i += 1
+        new = ids[: i + 1]
+    i = 0
+    for t in new:
+        if t in eog:
+            return new[: i + 1]
+        i += 1
+    return new
+
+
+def _free_context_and_chains(ctx, chains: dict) -> None:
+    """The context first: it refers to its chains."""
     lib().llama_free(ctx)
-    while chains:
-        lib().llama_sampler_free(chains.pop())
+    for chain in chains.values():
+        lib().llama_sampler_free(chain)
+    chains.clear()
 
 
 def logits_bytes_to_host(rows: int, n_vocab: int, in_graph: bool) -> int:

@@ -48,7 +48,7 @@ class OutputBuffer:
         """The in-graph chain's ids of the last decode's output rows (a ctypes int32 array by output row: slicing it
         gives a list), or None where the layout is not known to hold them (read row by row then)."""
         outs = self._outs
-        if outs is None or not self._out_graph or self._graph_key is None:
+        if outs is None or not self._out_graph or not self._chains:
             return None
         start = self._out_start
         if not start:  # (inline: a helper would be one more Python call a read)

@@ -372,7 +372,7 @@ class Context(EmbdRows, RecurrentCache, InGraphSampling, OutputBuffer):
         self.n_decodes += 1
         self._out_start = 0  # (outputs.py) the output buffer is found again after each decode
         self._outs, self._outs_next = self._outs_next, None  # a decode that does not say its outputs: read by the getters
-        self._out_graph = self._graph_key is not None  # its layout holds sampled ids only if a chain was attached
+        self._out_graph = bool(self._chains)  # its layout holds sampled ids only if a chain was attached
         rc = self._llama_decode(self.ptr, raw)
         if rc != 0:
             if rc == 1:

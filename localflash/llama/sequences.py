@@ -19,6 +19,7 @@ import numpy as np
 
 from localflash.errors import LocalflashError
 from localflash.llama.bindings import ext, lib, lib_address
+from localflash.llama.graph_sampling import GREEDY, LLAMA_TOKEN_NULL, committed
 from localflash.llama.views import address_view, float_view
 from localflash.llama.rollback import RecurrentCache
 
@@ -88,6 +89,46 @@ class SeqView(RecurrentCache):
     def sampled_rows(self, lo: int, hi: int) -> list[int]:
         """The ids the base context's in-graph chain drew for this view's rows ``lo..hi-1`` of the last decode."""
         return self.base.sampled_rows(self._row0 + lo, self._row0 + hi)
+
+    # -- this sequence's rows sampled in the graph (a chain of its own: graph_sampling.py) --------
+    def sample_in_graph(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                        seed: int | None = None) -> bool:
+        """This sequence's rows sampled in the graph by a chain of these settings (a fresh stream of ``seed``)."""
+        return self.base.sample_seq_in_graph(self.seq, temperature, top_k, top_p, min_p, seed)
+
+    def sample_on_host(self) -> None:
+        self.base.sample_seq_on_host(self.seq)
+
+    @property
+    def samples_in_graph(self) -> bool:
+        return self.seq in self.base._keys
+
+    def sampled(self, row: int = -1) -> int:
+        """The id this sequence's chain drew for its output row ``row`` of the last decode (-1: its last row)."""
+        return self.base.sampled(self._last_row if row == -1 else self._row0 + row)
+
+    def accept_sampled(self, tokens) -> None:
+        self.base.accept_sampled(tokens, self.seq)
+
+    def verify_sampled(self, draft: list[int], eog) -> list[int]:
+        """``Context.verify_sampled`` on this view's rows: its ids are a slice of the decode's ids by output row
+        (its rows all outputs with a draft, its last row without), read in one go where the layout is known."""
+        n = len(draft)
+        view = self.base._sampled_view()
+        if view is not None and self._n_out == n + 1:
+            ids = view[self._out0 : self._out0 + n + 1]
+        else:
+            get, ptr = lib().llama_get_sampled_token_ith, self.ptr
+            ids = [get(ptr, self._row0 + i) for i in range(n)] + [get(ptr, self._last_row)]
+        new = committed(ids, draft, eog)
+        if LLAMA_TOKEN_NULL in new:
+            self.sampled(len(new) - 1 if n else -1)  # raises the clear error
+        base, seq = self.base, self.seq
+        if base._keys.get(seq) != GREEDY:  # (accept_sampled, inline: a slot's verify runs every step)
+            accept, chain = lib().llama_sampler_accept, base._chains[seq]
+            for t in new:
+                accept(chain, t)
+        return new
 
     def logits(self, row: int = -1) -> np.ndarray:
         """Logits of this view's output row ``row`` (-1: its last row) of the last decode."""

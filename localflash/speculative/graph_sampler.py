@@ -18,14 +18,27 @@ llama.cpp's ``dist`` draws from ``std::mt19937(seed)`` and filters and sums in f
 inside the graph (its top-k, a sort for top-p, a cumulative sum). Both sample the same
 distribution, but the same seed gives different tokens on the two paths; each path is
 identical between speculative and plain decoding. Trees (``--tree``) read every node's
-logits and stay on the host path; so do parallel slots (one chain per sequence is not wired).
+logits and stay on the host path.
+
+Parallel slots (:func:`slot_sampler`): each slot's sequence carries a chain of its own, made
+from the request's settings when the request takes the slot (``SlotPool._admit``, on the pool's
+thread, between steps) and reset or replaced when the next request comes; it stays attached while
+the slot is idle (a next request with the same settings only resets it: no graph rebuild). Each
+slot's rows are drawn from its own chain's stream, transactionally (a slot context has more than
+one output row, so every decode draws from a copy and only committed tokens advance the stream):
+a slot's output equals the same request decoded alone on this path with that seed, whatever the
+other slots in its steps do. A constrained request (a grammar, tool calls) is sampled on the host,
+per request: its slot's chain is detached while it runs, so its rows' logits reach the host
+(llama.cpp then copies every output row of a micro-batch holding one of its rows, ``needs_raw_logits``:
+the other slots' ids still come from their chains). Trees do not run on slots (``--tree`` with
+``--parallel`` is refused at load).
 """
 
 from __future__ import annotations
 
 from localflash.errors import LocalflashError
 from localflash.llama import Context
-from localflash.speculative.grammar import host_sampler
+from localflash.speculative.grammar import ConstrainedSampler, host_sampler
 from localflash.speculative.sampling import SamplingParams
 
 
@@ -53,3 +66,18 @@ def request_sampler(ctx: Context, params: SamplingParams | None, in_graph: bool)
         return GraphSampler(ctx, params)
     ctx.sample_on_host()
     return host_sampler(ctx.model, params)
+
+
+def slot_sampler(view, sample, in_graph: bool):
+    """The sampler of a request taking a slot (sequence ``view`` of a slot pool's target), chosen on the pool's thread.
+
+    ``sample``: the host sampler the request was made with. In the graph (``in_graph``): a :class:`GraphSampler` on the
+    slot's own chain (attached, reset or replaced); a constrained request keeps its host sampler and the slot's chain is
+    detached (see the module docstring). Off the graph: ``sample`` as it is.
+    """
+    if not in_graph:
+        return sample
+    if isinstance(sample, ConstrainedSampler):
+        view.sample_on_host()
+        return sample
+    return GraphSampler(view, sample.params)

@@ -18,6 +18,7 @@ token is then a chunk of its own (its row is the one output).
 from __future__ import annotations
 
 from localflash.llama.sequences import decode_views
+from localflash.speculative.graph_sampler import GraphSampler
 
 PREFILL_MIN_ROWS = 16  # a joining prompt's chunk in a step with decoding slots is never smaller (it always gets on)
 
@@ -172,7 +173,10 @@ class JoiningPrompts:
     def _first_token(self, slot) -> None:
         """The joining prompt is in: sample and emit its first token; the request decodes from the next step."""
         req, st = slot.request, slot.request.stats
-        last = req.sample(slot.ctx.logits(-1))
+        if isinstance(req.sample, GraphSampler):  # the id the slot's chain drew (and committed to its stream)
+            last = slot.ctx.verify_sampled([], req.sample.eog)[0]
+        else:
+            last = req.sample(slot.ctx.logits(-1))
         if not (self.policy.off and slot.drafter.lazy_prompt):  # drafting off: a draft model need not take the prompt in
             slot.drafter.on_prompt(req.prompt)
         req.fill = None

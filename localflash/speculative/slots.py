@@ -20,6 +20,10 @@ slot (just ``[last]`` where k is 0), each slot's rows are verified exactly as in
 snapshots, right after the decode that made them), then those that restore a recurrent checkpoint and replay. A
 finished or cancelled request frees its slot at the next step boundary.
 
+*In the graph* (``--sample-in-graph``): each slot's sequence samples with a chain of its request's own settings and
+seed, attached when the request takes the slot (:func:`~localflash.speculative.graph_sampler.slot_sampler`), and a
+slot's verify reads its rows' ids (``SeqView.verify_sampled``) instead of their logits; a grammar request goes on the host.
+
 *Unified KV* (``--kv-pool unified``): every slot draws cells from one pool of ``n_ctx``; a request is admitted once
 its reservation fits, after dropping idle caches or waiting for room (:mod:`.kv_pool`).
 """
@@ -36,7 +40,8 @@ from localflash.speculative.group import DrafterGroup
 from localflash.speculative.kv_pool import KvPool, SlotRequest
 from localflash.speculative.loop import Engine, check_prompt, verify_block
 from localflash.speculative.prefill import JoiningPrompts, PromptFill
-from localflash.speculative.grammar import finish, host_sampler, trim_draft
+from localflash.speculative.grammar import finish, trim_draft
+from localflash.speculative.graph_sampler import GraphSampler, slot_sampler
 from localflash.speculative.stats import Stats
 from localflash.speculative.step_policy import StepPolicy
 
@@ -47,7 +52,7 @@ class SlotEngine(Engine):
     """One slot: an Engine on its sequence of the pool's context; requests run on the pool's thread."""
 
     def __init__(self, pool: "SlotPool", index: int, target, view: SeqView, drafter, adaptive: bool, draft_max):
-        super().__init__(target, view, drafter, adaptive, draft_max)
+        super().__init__(target, view, drafter, adaptive, draft_max, sample_in_graph=pool.in_graph)  # (_prefill reads no logits)
         self.pool = pool
         self.index = index
         self.calibrated = True  # the pool measures step costs (StepPolicy), not each slot
@@ -99,8 +104,10 @@ class SlotPool(JoiningPrompts):
     clock = staticmethod(time.perf_counter)
 
     def __init__(self, target, ctx, drafters: list, adaptive: bool = True, draft_max: int | None = None,
-                 max_rows: int | None = None, n_ubatch: int = 512, group: DrafterGroup | None = None, exact: bool = False):
+                 max_rows: int | None = None, n_ubatch: int = 512, group: DrafterGroup | None = None, exact: bool = False,
+                 sample_in_graph: bool = False):
         self.target = target
+        self.in_graph = sample_in_graph  # each slot's rows sampled by a chain of its own in the graph (graph_sampler.slot_sampler)
         self.ctx = ctx
         self.group = group or DrafterGroup(drafters)  # drafts and intakes of a whole step (speculative/group.py)
         self.n_ubatch = n_ubatch
@@ -314,6 +321,8 @@ class SlotPool(JoiningPrompts):
             self._calibrate(slot)
             st.t_calibrate = self.clock() - t_cal  # the pool's one-off cost, paid by the request that met it
         st.drafter = slot.drafter.name if slot.policy.max_draft else "none"
+        req.sample = slot_sampler(slot.ctx, req.sample, self.in_graph)
+        st.sampled_in = "graph" if isinstance(req.sample, GraphSampler) else "host"
         req.t_fill = self.clock()
         req.counts0 = dict(slot.ctx.counts)
         req.fill = PromptFill(slot, req.prompt, st)

@@ -45,17 +45,27 @@ def sampled(i: int) -> dict:
     return dict(temperature=0.9, top_k=20, seed=100 + i)
 
 
-def solo(opts: dict, with_seeds: bool = True) -> tuple[list, list]:
-    """Each prompt alone on a one-slot LLM: greedy, and (``with_seeds``) sampled with its seed (n-gram: on echo_prompts)."""
+def mixed(i: int) -> dict:
+    """Prompt i's settings in the ``mixed`` case: greedy, three filters and temperatures with their own seeds, and a
+    grammar (sampled on the host on a graph-sampling pool: graph_sampler.slot_sampler) side by side in one step."""
+    from localflash.testing.constrained import GBNF
+
+    return [{}, dict(temperature=0.7, top_k=40, top_p=0.9, seed=5), dict(temperature=1.0, top_k=0, seed=6),
+            dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=7), dict(temperature=0.8, top_k=20, seed=9, grammar=GBNF)][i]
+
+
+CASES = {"greedy": lambda i: {}, "sampled": sampled, "mixed": mixed}  # each reply's settings by prompt, per case
+
+
+def solo(opts: dict, cases=("greedy", "sampled")) -> dict:
+    """Each prompt alone on a one-slot LLM, with each case's settings (n-gram: on echo_prompts): case -> token ids."""
     from localflash.api import load
 
     with load(**opts, parallel=1) as llm:
         if "ngram" in (opts.get("spec") or ""):
             echo_prompts(llm)
-        greedy = [llm.generate(p, max_tokens=n).token_ids for p, n in zip(PROMPTS, LENGTHS)]
-        seeded = [llm.generate(p, max_tokens=n, **sampled(i)).token_ids for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS))
-                  if with_seeds]
-    return greedy, seeded
+        return {case: [llm.generate(p, max_tokens=n, **CASES[case](i)).token_ids for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS))]
+                for case in cases}
 
 
 def solo_late(opts: dict) -> dict:
@@ -125,10 +135,12 @@ def joining(llm) -> dict:
     return out
 
 
-def concurrent(llm, n_slots: int, with_seeds: bool, counts: dict | None = None) -> list:
-    """Each prompt on a slot, all at once (prompt i waits for slot i % n_slots); slot 0 first streams a reply it cancels.
+def concurrent(llm, n_slots: int, case: str = "greedy", counts: dict | None = None) -> list:
+    """Each prompt on a slot, all at once (prompt i waits for slot i % n_slots, with ``case``'s settings); slot 0 first
+    streams a reply it cancels.
 
-    ``counts`` adds up the replies' drafted and accepted tokens and their cache cuts by kind (their Stats)."""
+    ``counts`` adds up the replies' drafted and accepted tokens, their cache cuts by kind (their Stats) and how many
+    were sampled in llama.cpp's graph (``in_graph``)."""
     out: list = [None] * len(PROMPTS)
     lock = threading.Lock()
     ready = threading.Event()
@@ -146,13 +158,14 @@ def concurrent(llm, n_slots: int, with_seeds: bool, counts: dict | None = None) 
             cancelled_stream()
         ready.wait()
         for i in range(slot, len(PROMPTS), n_slots):
-            kw = sampled(i) if with_seeds else {}
+            kw = CASES[case](i)
             done = llm.start(PROMPTS[i], raw=True, max_tokens=LENGTHS[i], slot=slot, **kw).completion()
             out[i] = done.token_ids
             if counts is not None:
                 with lock:
                     for key in ("drafted", "accepted", "checkpoint_restores", "snapshot_rollbacks"):
                         counts[key] = counts.get(key, 0) + getattr(done.stats, key)
+                    counts["in_graph"] = counts.get("in_graph", 0) + (done.stats.sampled_in == "graph")
 
     threads = [threading.Thread(target=run, args=(s,)) for s in range(n_slots)]
     for t in threads:
@@ -168,8 +181,11 @@ def main(spec: dict) -> dict:
     opts = {k: v for k, v in spec.items() if k not in ("slots", "cases")}
     n = spec.get("slots", 4)
     cases = spec.get("cases", ())
-    greedy, seeded = solo(opts, "sampled" in cases) if "prefill" not in cases else ([], [])
-    res: dict = {"solo_greedy": greedy, "solo_sampled": seeded}
+    plain = {"spec": "none", "drafter": None} if spec.get("solo_plain") else {}  # the solo replies by plain decoding
+    opts = {k: v for k, v in opts.items() if k != "solo_plain"}
+    alone = solo(opts | plain, ["greedy"] + [c for c in ("sampled", "mixed") if c in cases]) if "prefill" not in cases else {"greedy": []}
+    res: dict = {f"solo_{case}": replies for case, replies in alone.items()}
+    res.setdefault("solo_sampled", [])
     if "prefill" in cases:  # a case of its own: the long prompts alone first, then joining
         res["solo_late"] = solo_late(opts)
         with load(**opts, parallel=n) as llm:
@@ -179,10 +195,9 @@ def main(spec: dict) -> dict:
     with load(**opts, parallel=n) as llm:
         res["n_slots"] = llm.n_slots
         res["info_slots"] = llm.info().slots
-        res["counts_greedy"], res["counts_sampled"] = {}, {}
-        res["greedy"] = concurrent(llm, n, with_seeds=False, counts=res["counts_greedy"])
-        if "sampled" in spec.get("cases", ()):
-            res["sampled"] = concurrent(llm, n, with_seeds=True, counts=res["counts_sampled"])
+        res["counts_greedy"], res["counts_sampled"], res["counts_mixed"] = {}, {}, {}
+        for case in ["greedy"] + [c for c in ("sampled", "mixed") if c in cases]:
+            res[case] = concurrent(llm, n, case, counts=res[f"counts_{case}"])
         if "batch" in spec.get("cases", ()):
             res["batch"] = [c.token_ids for c in llm.generate_batch(PROMPTS * 2, max_tokens=16)]
         res["steps"], res["rows"], res["most_active"] = llm.pool.steps, llm.pool.rows_decoded, llm.pool.most_active

@@ -156,21 +156,22 @@ def test_hybrid_target_is_lossless_and_same_seed_identical_on_the_graph_path(tin
 
 
 def test_the_load_option_resolves_where_it_can(tiny_target, tiny_dflash):
-    """auto: on where the target's output layer is on a GPU (off on a CPU build); on attaches; tree and slots refuse on."""
-    def stats_of(**kw):
-        eng = open_engine(config_from(None, str(tiny_target), None, spec="ngram", ctx=256, threads=1, **kw))
+    """auto: on where the target's output layer is on a GPU (off on a CPU build); on attaches; parallel slots resolve
+    alike (each request's chain on its slot's sequence); a tree refuses on."""
+    def stats_of(parallel=1, **kw):
+        eng = open_engine(config_from(None, str(tiny_target), None, spec="ngram", ctx=256 * parallel, threads=1, parallel=parallel, **kw))
         st = Stats()
-        list(eng.generate(eng.target.tokenize("a b c"), 4, None, st))
+        one = eng.slots[parallel - 1] if parallel > 1 else eng
+        list(one.generate(eng.target.tokenize("a b c"), 4, None, st))
         eng.close()
         return st
 
-    assert stats_of().sampled_in == ("graph" if gpu_offload_supported() else "host")  # auto: the tiny target loads with -ngl -1
-    assert stats_of(sample_in_graph="on").sampled_in == "graph"
-    assert stats_of(sample_in_graph="off").sampled_in == "host"
+    for parallel in (1, 2):
+        assert stats_of(parallel).sampled_in == ("graph" if gpu_offload_supported() else "host")  # auto: the tiny target loads with -ngl -1
+        assert stats_of(parallel, sample_in_graph="on").sampled_in == "graph"
+        assert stats_of(parallel, sample_in_graph="off").sampled_in == "host"
     with pytest.raises(LocalflashError, match="--tree"):
         config_from(None, str(tiny_target), None, spec="ngram", tree=8, sample_in_graph="on")
-    with pytest.raises(LocalflashError, match="parallel slots"):
-        config_from(None, str(tiny_target), None, spec="ngram", parallel=2, sample_in_graph="on")
     with pytest.raises(LocalflashError, match="unknown --sample-in-graph"):
         config_from(None, str(tiny_target), None, sample_in_graph="gpu")
     st = stats_of(tree=8)  # a tree keeps the host path under auto

@@ -216,3 +216,30 @@ def test_a_drafter_that_never_pays_probes_on_one_slot_in_turn(files):
     assert [slots[0] for _, slots in probes[:2]] == [0, 1], probes  # in turn
     assert all(step < probes[0][0] for step, probe, _ in asked if not probe), asked  # off after the first tries, for good
     assert len(asked) < steps / 20, (len(asked), steps)  # plain batched steps nearly all the time
+
+
+IN_GRAPH_PROMPTS = 5  # localflash.testing.slots.PROMPTS
+
+
+@pytest.mark.parametrize("kind", ["none", "draft", "dflash", "qwen35-mtp"])
+def test_slots_sampling_in_the_graph_reply_as_plain_decoding_of_each_request(files, kind):
+    """``--sample-in-graph on`` (forced: ``auto`` stays off on a CPU): every slot's sequence samples with its request's
+    own chain. Each reply equals the same request decoded plainly (no drafter) on a one-slot LLM sampling in the graph:
+    greedy; sampled with a seed of its own (the slot's chain draws the stream a one-stream chain of that seed draws:
+    graph_sampling.py's transactional ``dist``); and ``mixed`` (localflash.testing.slots.mixed): greedy, three filter
+    settings with their own temperatures and seeds, and a grammar request (sampled on the host, its slot's chain
+    detached: graph_sampler.slot_sampler) in the same steps. ``fixed`` drafting: every step drafts, verifies and cuts
+(the K-quant hybrid with MTP: snapshot rollbacks and checkpoint restores)."""
+    r = _check(_options(files, kind) | {"sample_in_graph": "on", "solo_plain": True}, 4, ("sampled", "mixed"))
+    assert r["greedy"] == r["solo_greedy"]
+    assert r["sampled"] == r["solo_sampled"]
+    assert r["mixed"] == r["solo_mixed"]
+    assert len(set(map(tuple, r["sampled"]))) == IN_GRAPH_PROMPTS and r["sampled"] != r["greedy"]  # the seeds drew distinct replies
+    assert r["counts_greedy"]["in_graph"] == r["counts_sampled"]["in_graph"] == IN_GRAPH_PROMPTS
+    assert r["counts_mixed"]["in_graph"] == IN_GRAPH_PROMPTS - 1  # the grammar request went to the host
+    assert r["most_active"] >= 2
+    if kind != "none":
+        assert all(r[f"counts_{c}"]["drafted"] > 0 for c in ("greedy", "sampled", "mixed"))
+    if kind == "draft":  # a noisy copy of the target: drafts are accepted (and some rejected: cuts)
+        assert r["counts_greedy"]["accepted"] > 0 and r["counts_sampled"]["accepted"] > 0
+    assert r["idle"]
