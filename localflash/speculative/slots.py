@@ -367,7 +367,7 @@ class SlotPool(JoiningPrompts):
         if asking:  # every drafting slot's draft from one group call (DFlash: one decode), its time shared out
             td = self.clock()
             drafts = self.group.propose([(s.index, s.request.history, s.n_past, k if k < s.limit else s.limit) for s in asking])
-            t_group = self.clock() - td
+            t_group = t_propose = self.clock() - td
             share = t_group / len(asking)
             for s, draft in zip(asking, drafts):
                 s.draft = trim_draft(s.request.sample, draft) if s.request.constrained else draft  # cut at a grammar's first reject
@@ -417,6 +417,8 @@ class SlotPool(JoiningPrompts):
                     s.t_draft += share
         if asking:  # a shared drafter's decodes carry every drafting slot: the step waits for them whole (step_policy.py)
             self.policy.record_draft(min(k, max([s.limit for s in asking])), t_group)  # (the longest draft asked)
+            if self.policy.probing and not prompt_rows:
+                self.policy.record_probe(len(plans), t_propose + t_decode)  # (intake: every step pays it, probe or not)
         for s, new in zip(plans, verified):
             self._commit(s, new, t_decode + s.t_cut)
 

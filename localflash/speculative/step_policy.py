@@ -17,7 +17,8 @@ drafts on one slot only (``probe_slot``, in turn), so what it costs the step is 
 draft and rows, not every slot's (a DFlash probe on 8 slots took in up to 8 x 64 held rows
 and drafted 8 blocks, ~0.1–0.2 s on this CPU, for acceptance figures of each slot), and
 probes are spaced so they cost at most PROBE_SHARE of the time off (:meth:`probe_floor`:
-on a CPU where a DFlash draft costs two target steps, every ~300 steps instead of every 16–256).
+on a CPU where a DFlash draft costs two target steps, every ~300 steps instead of every 16–256), by what
+the last probe step was measured to cost over a plain one (:meth:`record_probe`) where that is more.
 
 A shared drafter (``shared_draft``: DFlash, a draft model, MTP on one context for all slots) drafts every
 slot in the same decodes, and the step waits for them whole: a draft model's k decodes cost the step the
@@ -52,6 +53,7 @@ class StepPolicy:
         self.probing = False
         self.probe_slot: int | None = None  # the step is a probe: only this slot (its index in choose's list) drafts
         self.probe_turn = 0
+        self.probe_extra: float | None = None  # seconds the last probe step took over a plain step of its slots (record_probe)
         self.last_choice = 0
 
     @property
@@ -143,7 +145,16 @@ class StepPolicy:
         its slot's draft and its rows over a plain step's."""
         rows, k = self.rows(limits, 0), PROBE_DRAFT
         draft = self.draft if self.shared_draft else policy.draft
-        return probe_floor(self.verify(rows), self.verify(rows + k), draft(k if policy.draft_cost_grows else 1))
+        return probe_floor(self.verify(rows), self.verify(rows + k), draft(k if policy.draft_cost_grows else 1), self.probe_extra)
+
+    def record_probe(self, rows: int, seconds: float) -> None:
+        """A probe step of ``rows`` plain rows (one per slot) took ``seconds`` in all (its draft, its drafter's
+        catch-up, its verify and intake): what it cost over a plain step of those rows spaces the next probe.
+        A draft model that sat out the plain steps catches up on up to CATCH_UP_MAX tokens in a probe (a 64-row
+        decode of the draft model), which neither the verify table nor a drafting step's draft cost shows."""
+        plain = self.verify(rows)
+        if plain is not None:
+            self.probe_extra = max(seconds - plain, 0.0)
 
     def record(self, rows: int, seconds: float) -> None:
         self.verify.add(rows, seconds)

@@ -104,3 +104,19 @@ def test_a_steps_expected_tokens_are_the_sum_of_each_slots_bit_for_bit():
             for p, lim in zip(pols, limits):
                 want += p.expected_tokens(min(j, int(lim)))
             assert got[j] == want
+
+
+def test_a_probe_measured_dearer_than_its_draft_table_spaces_the_next_probe_by_what_it_cost():
+    """A draft model that sat out the plain steps catches up on up to 64 tokens in a probe: the probe step is
+    measured whole (record_probe), and the next probe waits long enough for that cost to stay within PROBE_SHARE,
+    even where the draft table (drafting steps without a catch-up) says a draft is cheap."""
+    from localflash.speculative.adapt import PROBE_SHARE
+
+    slot = _slot(0.0)
+    sp = StepPolicy(8, shared_draft=True, draft_cost_grows=True)
+    for rows in range(1, 12):
+        sp.record(rows, 1.0 + 0.01 * rows)
+    sp.record_draft(2, 0.02)  # a 2-token draft while drafting was on: cheap
+    cheap = sp.probe_floor(slot, [8])
+    sp.record_probe(1, 1.0 + 0.01 + 3.0)  # the probe step: a plain step's time plus 3 for its catch-up and draft
+    assert cheap < 10 and abs(sp.probe_floor(slot, [8]) - 3.0 / (PROBE_SHARE * 1.01)) < 1.0
