@@ -30,7 +30,7 @@ class Batch:
         base, step = self.seq_ids.ctypes.data, 4 * n_seq_max
         for i in range(capacity):
             self.raw.seq_id[i] = ctypes.cast(base + i * step, ctypes.POINTER(ctypes.c_int32))
-        self.close = weakref.finalize(self, _free, self.raw, own, self.seq_ids)
+        self.close = weakref.finalize(self, _free, L.llama_batch_free, self.raw, own, self.seq_ids)
         if embd_width:
             self.embd = np.ctypeslib.as_array(self.raw.embd, shape=(capacity, embd_width))
             self.embd_taps: np.ndarray | None = None  # embd seen as [capacity, taps, width] (EmbdRows, made on first use)
@@ -127,8 +127,8 @@ class Batch:
             self.set_seqs([0] * n)
 
 
-def _free(raw, own, seq_ids) -> None:
-    """llama_batch_free, the rows' own sequence-id arrays put back first (``seq_ids``: kept alive until then)."""
+def _free(batch_free, raw, own, seq_ids) -> None:
+    """``llama_batch_free``, the rows' own sequence-id arrays put back first (``seq_ids``: kept alive until then)."""
     for i in range(len(own)):
         raw.seq_id[i] = own[i]
-    lib().llama_batch_free(raw)
+    batch_free(raw)
