@@ -23,7 +23,14 @@ class Batch:
         self.width = embd_width
         self.n_seq_max = n_seq_max
         self.raw = L.llama_batch_init(capacity, embd_width, n_seq_max)
-        self.close = weakref.finalize(self, L.llama_batch_free, self.raw)
+        # every row's sequence ids in one [capacity, n_seq_max] array of ours (the rows point into it, the
+        # pointers llama_batch_init made are put back before llama_batch_free): rows are set by array operations
+        self.seq_ids = np.zeros((capacity, n_seq_max), np.int32)
+        own = (ctypes.POINTER(ctypes.c_int32) * capacity)(*[self.raw.seq_id[i] for i in range(capacity)])
+        base, step = self.seq_ids.ctypes.data, 4 * n_seq_max
+        for i in range(capacity):
+            self.raw.seq_id[i] = ctypes.cast(base + i * step, ctypes.POINTER(ctypes.c_int32))
+        self.close = weakref.finalize(self, _free, L.llama_batch_free, self.raw, own, self.seq_ids)
         if embd_width:
             self.embd = np.ctypeslib.as_array(self.raw.embd, shape=(capacity, embd_width))
             self.embd_taps: np.ndarray | None = None  # embd seen as [capacity, taps, width] (EmbdRows, made on first use)
@@ -33,8 +40,6 @@ class Batch:
         self.logits = np.ctypeslib.as_array(self.raw.logits, shape=(capacity,))
         self.n_seq_id = np.ctypeslib.as_array(self.raw.n_seq_id, shape=(capacity,))
         self.n_seq_id[:] = 1
-        for i in range(capacity):
-            self.raw.seq_id[i][0] = 0
         self._seq = np.zeros(capacity, np.int64)  # each row's (first) sequence id as set, to skip unchanged rows
         self._multi = False  # some row lists more than one sequence
         self._uniform: int | None = 0  # every row is in this one sequence (as made), until set_seqs says otherwise
@@ -73,25 +78,36 @@ class Batch:
             ids = np.asarray(seqs)
         except ValueError:  # rows listing different numbers of sequences (a tree's)
             ids = None
-        if ids is not None and ids.ndim == 1 and ids.dtype.kind in "iu":  # one sequence a row: only rows now in another are written
-            rows = self._seq[start : start + len(ids)]
-            raw = self.raw.seq_id
-            for i in (rows != ids).nonzero()[0].tolist():
-                raw[start + i][0] = int(ids[i])
-            rows[:] = ids
+        if ids is not None and ids.ndim == 1 and ids.dtype.kind in "iu":  # one sequence a row
+            self.seq_ids[start : start + len(ids), 0] = ids
+            self._seq[start : start + len(ids)] = ids
             return
         for i, s in enumerate(seqs, start):
             if isinstance(s, (list, tuple)):
                 if not 1 <= len(s) <= self.n_seq_max:
                     raise ValueError(f"row {i} lists {len(s)} sequences; the batch was made for 1..{self.n_seq_max}")
-                for j, x in enumerate(s):
-                    self.raw.seq_id[i][j] = x
+                self.seq_ids[i, : len(s)] = s
                 self.n_seq_id[i] = len(s)
                 self._seq[i] = -1
                 self._multi = self._multi or len(s) > 1
-            elif self._seq[i] != s:
-                self.raw.seq_id[i][0] = s
+            else:
+                self.seq_ids[i, 0] = s
                 self._seq[i] = s
+
+    def set_seq_spans(self, first: np.ndarray, count: np.ndarray) -> None:
+        """Row ``i`` belongs to sequences ``first[i] .. first[i] + count[i] - 1`` (a tree's rows: the leaves below each
+        node, consecutive ids): array operations only, no Python call per row."""
+        n = len(first)
+        width = int(count.max()) if n else 1
+        if n and (width > self.n_seq_max or count.min() < 1):
+            raise ValueError(f"rows list {int(count.min())}..{width} sequences; the batch was made for 1..{self.n_seq_max}")
+        if self._multi:
+            self.n_seq_id[:] = 1
+        np.add(first[:, None], self._steps[:width], out=self.seq_ids[:n, :width])
+        self.n_seq_id[:n] = count
+        np.copyto(self._seq[:n], np.where(count == 1, first, -1))
+        self._multi = width > 1
+        self._uniform = None
 
     def set_seq_range(self, seq: int, start: int, n: int) -> None:
         """Rows ``start..start+n-1`` in sequence ``seq`` alone: only rows now in another sequence are written
@@ -101,13 +117,18 @@ class Batch:
         if self._multi:
             self.n_seq_id[:] = 1
             self._multi = False  # (rows that listed sequences hold -1 in _seq: rewritten below)
-        rows = self._seq[start : start + n]
-        ids = self.raw.seq_id
-        for i in ((rows != seq).nonzero()[0] + start).tolist():
-            ids[i][0] = seq
-        rows[:] = seq
+        self.seq_ids[start : start + n, 0] = seq
+        self._seq[start : start + n] = seq
         self._uniform = None
+
     def reset_seqs(self, n: int) -> None:
         """Rows ``0..n-1`` back in sequence 0 (what one-sequence decodes expect)."""
         if self._multi or self._seq[:n].any():
             self.set_seqs([0] * n)
+
+
+def _free(batch_free, raw, own, seq_ids) -> None:
+    """``llama_batch_free``, the rows' own sequence-id arrays put back first (``seq_ids``: kept alive until then)."""
+    for i in range(len(own)):
+        raw.seq_id[i] = own[i]
+    batch_free(raw)

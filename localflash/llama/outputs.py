@@ -101,10 +101,14 @@ class OutputBuffer:
         addresses = self._layer_addresses(layer_ids)
         out = self._tap_views.get((addresses, n_rows, 3)) if addresses is not None else None
         if out is None:
-            out = layers_view(addresses, n_rows, self.model.n_embd) if addresses is not None else None
-            if out is None:
-                return self.layer_inputs(layer_ids, n_rows)
-            self._tap_views[(addresses, n_rows, 3)] = out
+            # a row count not seen yet: a slice of the view of every row the buffer holds (n_batch), made once
+            full = self._tap_views.get((addresses, 0, 3)) if addresses is not None else None
+            if full is None:
+                full = layers_view(addresses, self.n_batch, self.model.n_embd) if addresses is not None else None
+                if full is None:
+                    return self.layer_inputs(layer_ids, n_rows)
+                self._tap_views[(addresses, 0, 3)] = full
+            out = self._tap_views[(addresses, n_rows, 3)] = full[:n_rows]
         return out
 
     def _check_layers(self, key, layer_ids):

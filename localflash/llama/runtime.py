@@ -356,7 +356,10 @@ class Context(EmbdRows, RecurrentCache, InGraphSampling, OutputBuffer):
         b.pos[:n] = pos
         b.logits[:n] = outputs
         b.flags_set = None
-        b.set_seqs(seqs)
+        if type(seqs) is tuple:  # (first, count): row i in sequences first[i] .. first[i] + count[i] - 1 (a tree's)
+            b.set_seq_spans(*seqs)
+        else:
+            b.set_seqs(seqs)
         b.raw.n_tokens = n
         self._outs_next = (n_out, n_out == n)
         self._run(b.raw, n)

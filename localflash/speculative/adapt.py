@@ -23,6 +23,8 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
+import numpy as np
+
 PRIOR_HITS, PRIOR_TRIES = 1.0, 2.0  # optimistic 0.5 until the run says otherwise
 DECAY = 0.98  # weight of history per observation: adapts to phase changes (thinking vs answer)
 MARGIN = 0.05  # drafting must promise this much more throughput than plain decoding
@@ -79,6 +81,24 @@ class CostTable:
             near = self.sizes[-1]
             return self.ema[near] * max(size, 1) / max(near, 1)
         return self.ema[self.sizes[0]]
+
+    def many(self, sizes) -> np.ndarray | None:
+        """``self(size)`` for every size of ``sizes`` (ints), the same values, as array operations (a tree's sizes
+        1..n: no Python call a size); None where nothing is measured."""
+        if not self.ema:
+            return None
+        if len(self.sizes) != len(self.ema):
+            self.sizes = sorted(self.ema)
+        xs = np.array(self.sizes, np.float64)
+        ys = np.array([self.ema[x] for x in self.sizes], np.float64)
+        s = np.asarray(sizes, np.float64)
+        m = len(xs)
+        i = np.searchsorted(xs, s)  # bisect_left
+        lo, hi = np.maximum(i - 1, 0), np.minimum(i, m - 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inner = ys[lo] + (s - xs[lo]) / (xs[hi] - xs[lo]) * (ys[hi] - ys[lo])
+        out = np.where(i == 0, ys[0], np.where(i == m, ys[-1] * np.maximum(s, 1) / max(xs[-1], 1), inner))
+        return np.where(xs[hi] == s, ys[hi], out)  # a measured size: its own value
 
 
 class DraftPolicy:

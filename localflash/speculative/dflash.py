@@ -171,6 +171,12 @@ class DFlashDrafter(Drafter):
                 self.n_held = n_keep - held_from
             self.n_injected = n_keep
 
+    def on_prompt(self, prompt: list[int]) -> None:
+        """The prompt's held rows go in now (timed as prefill, in the decode that would otherwise open the first
+        cycle's draft). A group's slot leaves them held: the group's next draft takes every slot's in one decode."""
+        if self.owner and self.n_held:
+            self.catch_up()
+
     def on_target_decode(self, target_ctx: Context, start_pos: int, n_committed: int) -> None:
         if self.asked and not self.n_held and start_pos == self.n_injected and start_pos + n_committed <= self.ctx_limit:
             # drafting every cycle: the rows go straight in (intake's first case, inline: it runs every cycle)

@@ -50,8 +50,7 @@ class Tree:
     scores: np.ndarray = field(default=None)  # drafter log-probability of each node's path (0 at the root), if known
     rank: np.ndarray = field(default=None)  # the order nodes were chosen in (best first): the first j form the best j-node tree
     depth: np.ndarray = field(default=None)  # each node's depth (the root's 0); found from ``parents`` if not given
-    seqs: list = field(init=False)  # each node's sequence ids: the leaves below it
-    row_seqs: list = field(init=False)  # the same as a batch's rows take them: an int where one leaf is below (no list to walk)
+    seq_spans: tuple = field(init=False)  # (first, count) arrays: node i's leaves are first[i] .. first[i] + count[i] - 1
     n_leaves: int = field(init=False)
     _kids: dict = field(init=False)  # (parent, token) -> its first (likelier) child holding that token
 
@@ -83,9 +82,7 @@ class Tree:
         leaf[par[1:]] = False
         before = np.concatenate(([0], np.cumsum(leaf)))  # leaves before each index
         self.n_leaves = int(before[n])
-        spans = list(zip(before[:n].tolist(), before[end].tolist()))
-        self.seqs = [list(range(f, last)) for f, last in spans]
-        self.row_seqs = [f if last - f == 1 else list(range(f, last)) for f, last in spans]
+        self.seq_spans = (before[:n].astype(np.int32), (before[end] - before[:n]).astype(np.int32))
         toks = self.tokens.tolist()  # a repeated token under one parent: the first (likelier) child, so filled last to first
         self._kids = dict(zip(zip(plist[::-1], toks[::-1]), range(n - 1, -1, -1)))
 
@@ -94,6 +91,12 @@ class Tree:
         """The one-leaf tree: ``root`` followed by ``draft``."""
         return cls(np.array([root] + list(draft), np.int32), np.arange(-1, len(draft), dtype=np.int32),
                    depth=np.arange(len(draft) + 1, dtype=np.int32))
+
+    @property
+    def seqs(self) -> list[list[int]]:
+        """Each node's sequence ids (the leaves below it), as lists (``seq_spans`` is what a batch takes)."""
+        first, count = self.seq_spans
+        return [list(range(f, f + c)) for f, c in zip(first.tolist(), count.tolist())]
 
     @property
     def n(self) -> int:
@@ -292,7 +295,7 @@ def decode_tree(ctx, tree: Tree, n_past: int) -> None:
         raise LocalflashError(f"a tree of {tree.n_leaves} leaves needs a context of that many sequences, not {ctx.n_seq_max}")
     for s in range(1, tree.n_leaves):
         ctx.seq_copy(0, s)  # the committed text is every branch's prefix (no copy: the cells gain an id)
-    ctx.decode_rows(tree.tokens, n_past + tree.depth, tree.row_seqs, np.ones(tree.n, np.int8))
+    ctx.decode_rows(tree.tokens, n_past + tree.depth, tree.seq_spans, np.ones(tree.n, np.int8))  # (array operations: no call a node)
 
 
 def keep_path(ctx, tree: Tree, path: list[int], n_past: int) -> int:
@@ -302,7 +305,7 @@ def keep_path(ctx, tree: Tree, path: list[int], n_past: int) -> int:
     if tree.is_chain:
         ctx.seq_rm(n_past + d)
         return d
-    leaf = tree.seqs[path[-1]][0]
+    leaf = int(tree.seq_spans[0][path[-1]])
     if leaf == 0:
         ctx.seq_drop(0, n_past + d)
     else:
@@ -341,8 +344,8 @@ class TreeSize:
             return tree.n - 1  # no probabilities (n-gram): nothing to weigh, keep the drafter's tree
         by_rank = np.exp(tree.scores[np.argsort(tree.rank)][1:])
         expected = 1.0 + self.ratio * np.concatenate([[0.0], np.cumsum(by_rank)])
-        costs = np.array([self.verify(j + 1) or 0.0 for j in range(tree.n)])
-        if not costs.all():
+        costs = self.verify.many(np.arange(1, tree.n + 1))  # a pass of 1..n rows
+        if costs is None or not costs.all():
             return tree.n - 1  # not measured yet: the whole tree once
         costs = np.maximum.accumulate(costs) + (self.draft or 0.0)  # a bigger pass never costs less
         return int(np.argmax(expected / costs))

@@ -192,3 +192,19 @@ def test_calibration_is_reported_apart_from_decode_and_only_once(tiny_target, ti
     assert "calibration 104 ms" in first.summary() and first.to_dict()["calibrate_ms"] == pytest.approx(104.0)
     # what the user waited for: prefill + calibration + decode, each counted once
     assert first.t_prefill + first.t_calibrate + first.t_decode == pytest.approx(clock.now - second.t_prefill - second.t_decode)
+
+
+def test_cost_table_many_gives_each_size_what_one_call_gives():
+    """The array form TreeSize reads a tree's sizes 1..n with: measured sizes, interpolated gaps, both ends."""
+    import numpy as np
+
+    from localflash.speculative.adapt import CostTable
+
+    rng = np.random.default_rng(4)
+    assert CostTable().many([1, 2]) is None
+    for _ in range(50):
+        table = CostTable()
+        for size in rng.choice(np.arange(1, 40), size=int(rng.integers(1, 8)), replace=False).tolist():
+            table.add(size, float(rng.uniform(1e-4, 5e-2)))
+        sizes = list(range(0, 48))
+        assert table.many(np.array(sizes)).tolist() == [table(s) for s in sizes]  # exactly: the same arithmetic

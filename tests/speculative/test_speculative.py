@@ -192,6 +192,19 @@ def test_sampled_output_equals_plain_sampling_with_same_seed(target, tiny_drafte
         assert spec == plain
 
 
+def test_dflash_takes_the_prompt_in_during_prefill(target, tiny_dflash):
+    """A short prompt's features (held: fewer than HOLD_ROWS rows) are in the drafter's cache once prefill is
+    done, not left for the first cycle's draft to take in (where they would count as decode time)."""
+    toks = target.tokenize("the river of quiet stone")
+    ctx = Context(target, ContextOptions(n_ctx=N_CTX, n_outputs_max=17, n_threads=1, **EXACT_CTX))
+    drafter = DFlashDrafter(Model(tiny_dflash), target, ctx, N_CTX + 16, n_threads=1, in_graph_argmax=False)
+    engine = Engine(target, ctx, drafter, adaptive=False)
+    first = next(engine.generate(toks, 8))  # prefill and the prompt's last row: no cycle has run
+    assert len(first) == 1 and drafter.n_held == 0
+    assert drafter.n_injected == len(toks) and drafter.ctx.pos_max() == len(toks) - 1
+    engine.close()
+
+
 def test_dflash_injects_exactly_the_committed_positions(target, tiny_dflash):
     """After many cycles the drafter's cache equals one built from the committed text in one go."""
     toks = target.tokenize("the river of quiet stone and nine silver hills")
