@@ -181,23 +181,7 @@ class InGraphSampling:
         view = self._sampled_view()
         if view is None or (n and not self._outs[1]) or (not n and self._last_row != -1):
             return self._verify_rows(draft, eog)
-        if not n:
-            new = [view[-1]]
-        else:
-            ids = view[: n + 1]
-            if ids[:n] == draft:
-                new = ids
-            else:
-                i = 0
-                while ids[i] == draft[i]:
-                    i += 1
-                new = ids[: i + 1]
-        i = 0
-        for t in new:  # an end of generation ends the block at its first (a set test a row, no call)
-            if t in eog:
-                new = new[: i + 1]
-                break
-            i += 1
+        new = committed(view[: n + 1], draft, eog) if n else [view[-1]]  # (an end of generation: a set test a row, no call)
         if LLAMA_TOKEN_NULL in new:
             return self._verify_rows(draft, eog)  # raises the clear error
         self.accept_sampled(new)
