@@ -14,11 +14,16 @@ before; then llama-server also counts the end-of-generation token in ``completio
 localflash does not). Reported per server: aggregate tok/s (completion tokens of all C streams / wall time),
 per-stream tok/s (a request's completion tokens / its latency as the client sees it), TTFT (the
 first content chunk), each the median over rounds; the ratio localflash / llama-server is the
-median over rounds of the two aggregates of the same round; ``equal`` counts replies whose text
+median over rounds of the two aggregates of the same round, with the range of those per-round ratios
+beside it (on a shared VM one server's own rounds spread by ±10%: a median inside that range is no
+ranking). Before the rounds of each client count every server serves that many clients once, unmeasured
+(WARMUP_TOKENS each). ``equal`` counts replies whose text
 is the same on both servers (same prompt, same round); a drafting mode's row also gives localflash
 over the better of llama-server's plain and drafting aggregates of the same round (``lf / best ls``)
 and over localflash's own plain (``lf / lf plain``), when ``none`` is among the modes. The 1-minute load average is recorded
-beside every row: timings need an idle machine.
+beside every row: timings need an idle machine. So is each server's CPU a generated token (Linux /proc, all
+its threads), and the part of it outside its ``--threads`` busiest threads (the decode): the HTTP side, request
+handling and hand-offs, which on a machine whose cores all decode take their time from the decode.
 
 Drafting flags: localflash ``--spec draft --draft-max N`` (its adaptive length, unless --fixed)
 against ``--spec-type draft-simple --spec-draft-n-max N``; ``--spec ngram`` against
@@ -53,6 +58,8 @@ import openai
 from localflash.testing.serve import LiveServer
 
 ROOT = Path(__file__).resolve().parents[2]
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+WARMUP_TOKENS = 24  # each server, before the rounds of each client count: that many clients, this many tokens each
 TOPICS = ["the sea", "a mountain", "bread", "a library", "rain", "a city at night", "bicycles", "tea",
           "a lighthouse", "winter", "a market", "trains", "an old clock", "the moon", "gardens", "a river"]
 
@@ -189,6 +196,31 @@ def run_clients(url: str, model: str, n_clients: int, n_requests: int, max_token
     return out, time.perf_counter() - t0
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of process ``pid`` so far, by thread id (Linux /proc)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[tid] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return out
+
+
+def cpu_split(before: dict, after: dict, n_threads: int) -> dict:
+    """A run's CPU seconds: its ``n_threads`` busiest threads (the decode: llama.cpp's threads, the calling one
+    with its Python between decodes) and all other threads (HTTP, request handling, hand-offs)."""
+    used = sorted((after[t] - before.get(t, 0.0) for t in after), reverse=True)
+    return {"decode": sum(used[:n_threads]), "other": sum(used[n_threads:])}
+
+
+def cpu_per_token(cpu: dict, replies: dict) -> dict:
+    tokens = max(1, sum(n for _, n, _, _ in replies.values()))
+    return {"cpu_ms_per_token": 1000 * (cpu["decode"] + cpu["other"]) / tokens, "other_threads_ms_per_token": 1000 * cpu["other"] / tokens}
+
+
 def figures(replies: dict, wall: float) -> dict:
     tokens = sum(n for _, n, _, _ in replies.values())
     return {"tokens": tokens, "aggregate_tok_s": tokens / wall,
@@ -239,14 +271,17 @@ def main(argv=None) -> int:
             run_clients(s.url, s.model, 1, 1, 8, args.prompts)
         keys = list(servers)
         for n in clients:
+            for key in keys:  # each server warmed at this client count (unmeasured): its first batch of n is not a round's
+                run_clients(servers[key].url, servers[key].model, n, 1, WARMUP_TOKENS, args.prompts)
             got: dict[tuple[str, str], list] = {key: [] for key in keys}
             for r in range(args.rounds):
                 order = keys[r % len(keys):] + keys[: r % len(keys)]  # each round starts one server later,
                 order = order if r % 2 == 0 else order[::-1]  # and every other round runs backwards
                 for key in order:
                     load = os.getloadavg()[0]
+                    before = thread_cpu(servers[key].proc.pid)
                     replies, wall = run_clients(servers[key].url, servers[key].model, n, args.requests, args.max_tokens, args.prompts)
-                    got[key].append((replies, wall, load))
+                    got[key].append((replies, wall, load, cpu_split(before, thread_cpu(servers[key].proc.pid), args.threads)))
             for mode in modes:
                 row = mode_row(mode, n, args, got)
                 rows.append(row)
@@ -265,25 +300,26 @@ def mode_row(mode: str, n: int, args, got: dict) -> dict:
     (when plain ran too) localflash over the better of llama-server's plain and drafting, and over its own plain,
     each the median over rounds of the same round's aggregates."""
     lf, ls = got[mode, "localflash"], got[mode, "llama-server"]
-    equal = sum(a[0] == b[0] for (ra, _, _), (rb, _, _) in zip(lf, ls) for a, b in ((ra[key], rb[key]) for key in ra))
+    equal = sum(a[0] == b[0] for (ra, *_), (rb, *_) in zip(lf, ls) for a, b in ((ra[key], rb[key]) for key in ra))
     row = {"mode": mode, "clients": n, "rounds": args.rounds, "requests": n * args.requests * args.rounds, "equal_texts": equal}
     agg = {}
     for key, runs in got.items():
         if key[0] != mode and not (key[0] == "none" and mode != "none"):
             continue
-        fs = [figures(replies, wall) for replies, wall, _ in runs]
+        fs = [figures(replies, wall) | cpu_per_token(cpu, replies) for replies, wall, _, cpu in runs]
         agg[key] = [f["aggregate_tok_s"] for f in fs]
         if key[0] != mode:
             continue
         name = key[1]
         row[name] = {k: round(statistics.median(f[k] for f in fs), 3) for k in fs[0]}
         row[name]["rounds_aggregate_tok_s"] = [round(a, 2) for a in agg[key]]
-        row[name]["load_1min"] = [round(load, 2) for _, _, load in runs]
+        row[name]["load_1min"] = [round(load, 2) for _, _, load, _ in runs]
 
     def over(a, b):
         return round(statistics.median(x / y for x, y in zip(a, b)), 3)
 
     row["localflash_over_llama_server"] = over(agg[mode, "localflash"], agg[mode, "llama-server"])
+    row["rounds_ratio"] = [round(x / y, 3) for x, y in zip(agg[mode, "localflash"], agg[mode, "llama-server"])]
     if mode != "none" and ("none", "llama-server") in agg:
         best = [max(p, d) for p, d in zip(agg["none", "llama-server"], agg[mode, "llama-server"])]
         row["localflash_over_best_llama_server"] = over(agg[mode, "localflash"], best)
@@ -294,18 +330,24 @@ def mode_row(mode: str, n: int, args, got: dict) -> dict:
 def markdown(rows: list[dict], args, target: str) -> str:
     lines = [f"{Path(target).name}, -np {args.slots} -c {args.ctx} -t {args.threads}, {args.max_tokens} tokens a request "
              f"({args.prompts} prompts), greedy, medians of {args.rounds} interleaved rounds (every server in each round)", "",
-             "| mode | clients | localflash agg tok/s | llama-server agg tok/s | ratio | lf / best ls | lf / lf plain "
-             "| per-stream (lf / ls) | TTFT s (lf / ls) | equal texts | load |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| mode | clients | localflash agg tok/s | llama-server agg tok/s | ratio (rounds' range) | lf / best ls | lf / lf plain "
+             "| per-stream (lf / ls) | TTFT s (lf / ls) | CPU ms a token (lf / ls) | of it outside the decode threads | equal texts | load |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         lf, ls = r["localflash"], r["llama-server"]
         best = f"{r['localflash_over_best_llama_server']:.2f}×" if "localflash_over_best_llama_server" in r else "–"
         own = f"{r['localflash_over_own_plain']:.2f}×" if "localflash_over_own_plain" in r else "–"
         lines.append(f"| {r['mode']} | {r['clients']} | {lf['aggregate_tok_s']:.1f} | {ls['aggregate_tok_s']:.1f} | "
-                     f"{r['localflash_over_llama_server']:.2f}× | {best} | {own} | {lf['per_stream_tok_s']:.1f} / {ls['per_stream_tok_s']:.1f} | "
-                     f"{lf['ttft_s']:.2f} / {ls['ttft_s']:.2f} | {r['equal_texts']}/{r['requests']} | "
+                     f"{r['localflash_over_llama_server']:.2f}× ({_span(r)}) | {best} | {own} | {lf['per_stream_tok_s']:.1f} / {ls['per_stream_tok_s']:.1f} | "
+                     f"{lf['ttft_s']:.2f} / {ls['ttft_s']:.2f} | {lf['cpu_ms_per_token']:.1f} / {ls['cpu_ms_per_token']:.1f} | "
+                     f"{lf['other_threads_ms_per_token']:.2f} / {ls['other_threads_ms_per_token']:.2f} | {r['equal_texts']}/{r['requests']} | "
                      f"{max(lf['load_1min'] + ls['load_1min']):.2f} |")
     return "\n".join(lines)
+
+
+def _span(row: dict) -> str:
+    ratios = row.get("rounds_ratio") or [row["localflash_over_llama_server"]]
+    return f"{min(ratios):.2f}–{max(ratios):.2f}"
 
 
 if __name__ == "__main__":
