@@ -109,9 +109,9 @@ class KvPool:
             self.slots_pool._guarded([slot], lambda slot=slot: admit(slot))
 
     def describe(self) -> dict:
-        """The pool as a whole: cells, what the slots hold or reserve, evictions and waits so far."""
+        """The pool as a whole: cells, what the slots hold or reserve, evictions and waits so far, parked caches (kv_park.py)."""
         return {"kv_pool": "unified", "n_cells": self.capacity, "in_use": self.in_use(), "waiting": len(self.waiting),
-                "evictions": self.evictions, "evicted_tokens": self.evicted_tokens, "waits": self.waits}
+                "evictions": self.evictions, "evicted_tokens": self.evicted_tokens, "waits": self.waits} | self.slots_pool.park.describe()
 
 
 class SlotRequest:
