@@ -18,6 +18,11 @@ the cells its restore takes (:meth:`KvPark.restore_cells`). Parked blobs are hel
 pool's own cells' worth of host memory (:attr:`KvPark.budget`, in tokens): beyond it the least
 recently used are dropped, counted as evictions (``KvPool.evictions``).
 
+The attention spans the cells up to the highest used one (llama.cpp ``get_n_kv``), so parking shortens it
+where the idle caches lie above the running slots' cells; llama.cpp puts a restored cache and new rows
+in the lowest free cells (``find_slot`` starts from 0 while enough cells below its head are free), so
+the running slots gather low. A running slot whose cache was never parked stays where it is.
+
 Only the target's context, only a unified pool, only attention caches: a recurrent or hybrid
 target (``ctx.recurrent``) keeps today's behaviour (its state's checkpoints are per sequence and
 its cells are few). Drafters' own contexts are left alone.
