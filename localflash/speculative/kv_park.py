@@ -64,8 +64,8 @@ class KvPark:
 
     @staticmethod
     def _reused(slot, prompt) -> bool:
-        """Whether ``prompt`` reuses at least MIN_PARK_TOKENS of the slot's cache (else the cache is not put back:
-        the prompt replaces it, as the prefix reuse would cut it to those few tokens)."""
+        """Whether ``prompt`` starts with the slot's first MIN_PARK_TOKENS cached tokens (else the cache is not put
+        back: the prompt replaces it, whatever few tokens the prefix reuse would have kept)."""
         n = MIN_PARK_TOKENS
         return len(prompt) > n and slot.tokens[:n] == prompt[:n]
 
@@ -122,7 +122,7 @@ class KvPark:
         self.restores += 1
 
     def forget(self, slot) -> None:
-        """Drop ``slot``'s parked cache (its token list is cleared by the caller or here)."""
+        """Drop ``slot``'s parked cache, and with it the slot's token list and drafter state (``Engine.reset``)."""
         from localflash.speculative.loop import Engine
 
         if self.blobs.pop(slot.index, None) is not None:
