@@ -15,6 +15,8 @@ cut, checkpoints) is per view, as llama.cpp keeps recurrent state per sequence.
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
 from localflash.errors import LocalflashError
@@ -181,6 +183,29 @@ class SeqView(RecurrentCache):
         """Empty this sequence only."""
         lib().llama_memory_seq_rm(self.mem, self.seq, -1, -1)
         self._cleared()
+
+    def save_state(self):
+        """This sequence's cells (positions, K/V rows) copied to host memory (``llama_state_seq_get_data``): a ctypes
+        byte array for :meth:`load_state`, or None where llama.cpp could not. Attention caches (a recurrent state
+        goes through :meth:`checkpoint`)."""
+        L = lib()
+        size = L.llama_state_seq_get_size(self.ptr, self.seq)
+        if not size:
+            return None
+        data = (ctypes.c_uint8 * size)()
+        return data if L.llama_state_seq_get_data(self.ptr, data, size, self.seq) == size else None
+
+    def load_state(self, data) -> bool:
+        """Put a :meth:`save_state` copy back into this sequence (in whatever cells are free); whether it went in whole.
+        On False the sequence is empty (llama.cpp drops what a failed restore put in)."""
+        L = lib()
+        if not L.llama_state_seq_set_data(self.ptr, data, len(data), self.seq):
+            self.clear()
+            return False
+        n = self.pos_max() + 1
+        self._cleared()
+        self._decoded(0, n)
+        return True
 
     def close(self) -> None:
         """The shared context outlives its views (its owner closes it)."""

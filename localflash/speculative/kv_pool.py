@@ -10,7 +10,8 @@ and the idle slots' cached conversations; if it does not, the least recently use
 dropped (``Stats.kv_evicted``), and if that is not enough it waits, first come first served,
 until running requests finish (``Stats.kv_wait``; ``/slots`` shows it as ``kv_wait``). An idle
 slot keeps its finished conversation's cells until they are needed, for the next turn that resends
-it (the routing: ``LLM.slot_for``).
+it (the routing: ``LLM.slot_for``); while other slots run they wait in host memory (:mod:`.kv_park`),
+holding no cells, and a request admitted to such a slot reserves the cells its cache takes back.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class KvPool:
         req = s.request
         if req is not None and req.state in ("prefill", "decode"):
             return max(req.kv_need, len(s.tokens))
-        return len(s.tokens)
+        return 0 if s.index in self.slots_pool.park.blobs else len(s.tokens)  # a parked cache holds no cells (kv_park.py)
 
     def in_use(self) -> int:
         return sum(self.held(s) for s in self.slots_pool.slots)
@@ -61,12 +62,14 @@ class KvPool:
         from localflash.speculative.loop import Engine
 
         req = slot.request
-        need = self.reservation(slot, req)
+        need = max(self.reservation(slot, req), self.slots_pool.park.restore_cells(slot, req.prompt))  # (a restore takes all its cells)
         used = sum(self.held(s) for s in self.slots_pool.slots if s is not slot)
         if used + need <= self.capacity:
             return True
         # idle slots first (oldest first), then the stale caches of requests that wait behind this one
-        idle = sorted((s for s in self.slots_pool.slots if s is not slot and s.tokens and (s.request is None or s in self.waiting)),
+        parked = self.slots_pool.park.blobs  # (they hold no cells: dropping one makes no room)
+        idle = sorted((s for s in self.slots_pool.slots if s is not slot and s.tokens and s.index not in parked
+                       and (s.request is None or s in self.waiting)),
                       key=lambda s: (s.request is not None, self.used_at[s.index]))
         for s in idle:
             if used + need <= self.capacity:
@@ -106,9 +109,9 @@ class KvPool:
             self.slots_pool._guarded([slot], lambda slot=slot: admit(slot))
 
     def describe(self) -> dict:
-        """The pool as a whole: cells, what the slots hold or reserve, evictions and waits so far."""
+        """The pool as a whole: cells, what the slots hold or reserve, evictions and waits so far, parked caches (kv_park.py)."""
         return {"kv_pool": "unified", "n_cells": self.capacity, "in_use": self.in_use(), "waiting": len(self.waiting),
-                "evictions": self.evictions, "evicted_tokens": self.evicted_tokens, "waits": self.waits}
+                "evictions": self.evictions, "evicted_tokens": self.evicted_tokens, "waits": self.waits} | self.slots_pool.park.describe()
 
 
 class SlotRequest:

@@ -25,7 +25,8 @@ seed, attached when the request takes the slot (:func:`~localflash.speculative.g
 slot's verify reads its rows' ids (``SeqView.verify_sampled``) instead of their logits; a grammar request goes on the host.
 
 *Unified KV* (``--kv-pool unified``): every slot draws cells from one pool of ``n_ctx``; a request is admitted once
-its reservation fits, after dropping idle caches or waiting for room (:mod:`.kv_pool`).
+its reservation fits, after dropping idle caches or waiting for room (:mod:`.kv_pool`). While some slot runs, idle
+slots' caches wait in host memory, so they do not widen the running slots' attention (:mod:`.kv_park`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import traceback
 from localflash.errors import LocalflashError
 from localflash.llama.sequences import SeqView
 from localflash.speculative.group import DrafterGroup
+from localflash.speculative.kv_park import KvPark
 from localflash.speculative.kv_pool import KvPool, SlotRequest
 from localflash.speculative.loop import Engine, check_prompt, verify_block
 from localflash.speculative.prefill import JoiningPrompts, PromptFill
@@ -92,7 +94,7 @@ class SlotEngine(Engine):
         return self.pool.call(lambda: Engine._prefill(self, prompt, st))
 
     def reset(self) -> None:
-        self.pool.call(lambda: Engine.reset(self))
+        self.pool.call(lambda: (self.pool.park.forget(self), Engine.reset(self)))
 
 
 class SlotPool(JoiningPrompts):
@@ -126,6 +128,7 @@ class SlotPool(JoiningPrompts):
         self.unified = bool(getattr(ctx, "kv_unified", False)) and len(drafters) > 1
         self.recurrent = self.slots[0].ctx.recurrent  # (every slot's view is of the one target)
         self.kv = KvPool(self, ctx.n_ctx, len(drafters))  # the unified pool's admission (kv_pool.py); idle with split streams
+        self.park = KvPark(self)  # idle slots' caches in host memory while others run (kv_park.py; unified, attention only)
         self._cv = threading.Condition()
         self._closing = False
         self.alive = True
@@ -177,7 +180,7 @@ class SlotPool(JoiningPrompts):
                                                 "prefill" if req.state in ("waiting", "prefill") else "decoding")
             d = {"id": s.index, "state": state, "n_cached": len(s.tokens), "n_ctx": s.ctx.n_ctx,
                  "drafter": s.drafter.name if s.policy.max_draft else "none", "kv_pool": "unified" if self.unified else "split",
-                 "n_reused": s.last_reused}
+                 "n_reused": s.last_reused, "kv_parked": s.index in self.park.blobs}
             if st is not None:
                 d.update(kv_reserved=req.kv_need, kv_evicted=st.kv_evicted, prompt_tokens=len(req.prompt), prompt_done=req.fill.done if req.fill is not None else 0, generated=st.generated, max_tokens=req.max_tokens, tau=round(st.tau, 3),
                          drafted=st.drafted, accepted=st.accepted, t_prefill=round(st.t_prefill, 4),
@@ -221,6 +224,8 @@ class SlotPool(JoiningPrompts):
                         self._guarded([slot], lambda slot=slot: self._admit(slot))
                 active, filling = self._ready(), self._filling()
                 if active or filling:
+                    if self.park.pending:
+                        self._guarded([], self.park.park_idle)
                     self._guarded(active + filling, lambda: self._step(active, filling))
         finally:
             with self._cv:
@@ -285,6 +290,7 @@ class SlotPool(JoiningPrompts):
         finish(req.sample, st)  # a grammar's counts and state
         slot.request = None
         self.kv.used(slot, freed=True)
+        self.park.pending = self.park.on
         if error is not None:
             req.emit("error", error)
         else:
@@ -316,6 +322,7 @@ class SlotPool(JoiningPrompts):
         if req is None or req.cancelled:
             return
         st = req.stats
+        self.park.restore(slot, req)  # a parked cache back in the pool (or forgotten) before its prefix is reused
         if not self.calibrated:
             t_cal = self.clock()
             self._calibrate(slot)

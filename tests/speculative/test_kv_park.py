@@ -1,0 +1,130 @@
+"""Idle slots' caches parked in host memory while another slot runs (unified KV pool: speculative/kv_park.py).
+
+A conversation's first turn finishes on its slot; then another slot runs a request. The idle
+slot's sequence leaves the pool (no cells) but keeps its token list, so the next turn is routed
+there, put back and reuses the whole history, and its reply equals the reply of a run where
+nothing was parked. A parked cache dropped by the host-memory cap, or one whose restore fails,
+is an eviction: the next turn prefills from scratch and still gets the same reply.
+
+Not exact mode (unified KV is not byte-exact by construction, config.EXACT_UNIFIED): as in
+test_prefix_routing.py the reply equalities are of greedy tokens on the tiny llama, one thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from localflash import load
+from localflash.llama.bindings import lib
+from localflash.speculative.kv_park import MIN_PARK_TOKENS
+
+OPTS = dict(spec="ngram", threads=1, ctx=2048, fixed=True, draft_max=4, parallel=4)
+HOME = [{"role": "user", "content": "Tell me about the sea, " + "the waves, the tides and the ships, " * 8}]
+RUNNER = [{"role": "user", "content": "Write a long story about bread."}]
+HOME_SLOT, RUNNER_SLOT = 0, 1
+
+
+def _next_turn(reply: str) -> list[dict]:
+    return HOME + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And more, please."}]
+
+
+def _cells(llm, slot: int) -> int:
+    """Positions the target context holds for ``slot``'s sequence (read on the pool's thread, between steps)."""
+    pool = llm.pool
+    return pool.call(lambda: lib().llama_memory_seq_pos_max(pool.ctx.mem, slot) + 1)
+
+
+def _start_runner(llm):
+    """Another slot's request, running: its first chunk is out (a step ran)."""
+    runner = llm.chat(RUNNER, slot=RUNNER_SLOT, stream=True, max_tokens=48, temperature=0)
+    next(runner)
+    return runner
+
+
+@pytest.fixture(scope="module")
+def unparked(tiny_target):
+    """The two turns on a pool where nothing else runs, so nothing is parked: (first reply, next turn's completion)."""
+    with load(model=str(tiny_target), **OPTS) as llm:
+        assert llm.info().kv_unified and llm.pool.park.on
+        assert llm.slot_for(HOME, [0, 1, 2, 3]) == HOME_SLOT
+        first = llm.chat(HOME, slot=HOME_SLOT, max_tokens=8, temperature=0)
+        nxt = _next_turn(first.text)
+        assert llm.slot_for(nxt, [0, 1, 2, 3]) == HOME_SLOT
+        second = llm.chat(nxt, slot=HOME_SLOT, max_tokens=12, temperature=0)
+        assert llm.pool.park.parks == 0 and second.cached_tokens > 0
+        return first.text, second
+
+
+def test_an_idle_slot_s_cache_leaves_the_pool_while_another_slot_runs_and_keeps_its_tokens(tiny_target):
+    with load(model=str(tiny_target), **OPTS) as llm:
+        llm.chat(HOME, slot=HOME_SLOT, max_tokens=8, temperature=0)
+        n = llm.slots()[HOME_SLOT]["n_cached"]
+        assert n >= MIN_PARK_TOKENS
+        assert _cells(llm, HOME_SLOT) == n  # nothing else runs: it stays in the pool
+        runner = _start_runner(llm)
+        assert _cells(llm, HOME_SLOT) == 0
+        home = llm.slots()[HOME_SLOT]
+        assert home["n_cached"] == n and home["kv_parked"] and home["state"] == "idle"
+        assert llm.pool.kv.held(llm.pool.slots[HOME_SLOT]) == 0  # admission sees its cells free
+        assert llm.pool.park.parks == 1 and llm.pool.kv.evictions == 0
+        for _ in runner:
+            pass
+
+
+def test_the_next_turn_goes_to_its_parked_slot_reuses_the_history_and_replies_as_without_parking(tiny_target, unparked):
+    first_text, second_ref = unparked
+    with load(model=str(tiny_target), **OPTS) as llm:
+        first = llm.chat(HOME, slot=HOME_SLOT, max_tokens=8, temperature=0)
+        assert first.text == first_text
+        n = llm.slots()[HOME_SLOT]["n_cached"]
+        runner = _start_runner(llm)
+        assert _cells(llm, HOME_SLOT) == 0
+        nxt = _next_turn(first.text)
+        slot = llm.slot_for(nxt, [0, 2, 3])
+        assert slot == HOME_SLOT
+        tokens, _ = llm.sessions[slot].encode(nxt)
+        reusable = llm.sessions[slot].cached_prefix(tokens)
+        assert reusable >= n - 8  # the history, less what the template renders differently once a reply is history
+        second = llm.chat(nxt, slot=slot, max_tokens=12, temperature=0)
+        assert llm.pool.park.restores == 1 and llm.pool.park.failed == 0
+        assert second.cached_tokens == reusable == second_ref.cached_tokens
+        assert llm.slots()[slot]["n_reused"] == reusable  # what the prefill really kept: no re-prefill of the history
+        assert second.stats.kv_evicted == 0
+        assert second.text == second_ref.text
+        for _ in runner:
+            pass
+
+
+@pytest.mark.parametrize("loss", ["dropped by the cap", "restore fails"])
+def test_a_parked_cache_that_is_lost_is_an_eviction_and_the_next_turn_prefills_with_the_same_reply(tiny_target, unparked, loss):
+    first_text, second_ref = unparked
+    with load(model=str(tiny_target), **OPTS) as llm:
+        pool = llm.pool
+        first = llm.chat(HOME, slot=HOME_SLOT, max_tokens=8, temperature=0)
+        assert first.text == first_text
+        n = llm.slots()[HOME_SLOT]["n_cached"]
+        if loss == "dropped by the cap":
+            pool.park.budget = n - 1  # host memory for fewer tokens than this cache
+        runner = _start_runner(llm)
+        assert _cells(llm, HOME_SLOT) == 0
+        if loss == "dropped by the cap":
+            assert not pool.park.blobs and llm.slots()[HOME_SLOT]["n_cached"] == 0  # forgotten: routing no longer sees it
+        else:
+            def truncate():  # a blob llama.cpp cannot read back whole
+                blob = pool.park.blobs[HOME_SLOT]
+                half = len(blob.data) // 2
+                blob.data = (ctypes.c_uint8 * half).from_buffer_copy(bytes(blob.data)[:half])
+
+            pool.call(truncate)
+        nxt = _next_turn(first.text)
+        slot = llm.slot_for(nxt, [0, 2, 3])
+        second = llm.chat(nxt, slot=slot, max_tokens=12, temperature=0)
+        assert second.cached_tokens == 0 and llm.slots()[slot]["n_reused"] == 0  # prefilled from scratch
+        assert pool.kv.evictions == 1 and pool.kv.evicted_tokens == n
+        if loss == "restore fails":
+            assert slot == HOME_SLOT and pool.park.failed == 1 and second.stats.kv_evicted == n
+        assert second.text == second_ref.text
+        for _ in runner:
+            pass
