@@ -25,13 +25,30 @@ the running slots gather low. A running slot whose cache was never parked stays 
 
 Only the target's context, only a unified pool, only attention caches: a recurrent or hybrid
 target (``ctx.recurrent``) keeps today's behaviour (its state's checkpoints are per sequence and
-its cells are few). Drafters' own contexts are left alone.
+its cells are few). Drafters' own contexts are left alone. Only a KV cache in host memory
+(:func:`kv_in_host_memory`: a CPU build, or no layer offloaded): there a park is a memory copy and
+the gain was measured (``benchmarks/speed/kv_park_gain.py``); a GPU's cache would cross PCIe both
+ways, and an RPC server's the network, at a cost not measured yet.
 """
 
 from __future__ import annotations
 
+from localflash.llama.runtime import gpu_offload_supported
+
 # a smaller cache widens attention by little and is cheap to prefill again: not worth two copies of its rows
 MIN_PARK_TOKENS = 64
+
+
+def kv_in_host_memory(target) -> bool:
+    """Whether the target's KV cache is in host memory: no layer offloaded, only CPU devices named, or no GPU here."""
+    o = getattr(target, "options", None)
+    if o is None:
+        return False
+    if o.n_gpu_layers == 0:
+        return True
+    if o.devices is not None:  # (RPC0, CUDA0, ...: layers and their KV elsewhere)
+        return all(d.upper().startswith("CPU") for d in o.devices)
+    return not gpu_offload_supported()
 
 
 class Parked:
@@ -48,7 +65,7 @@ class KvPark:
 
     def __init__(self, pool):
         self.pool = pool
-        self.on = bool(pool.unified) and not pool.recurrent
+        self.on = bool(pool.unified) and not pool.recurrent and kv_in_host_memory(pool.target)
         self.blobs: dict[int, Parked] = {}  # slot index -> its parked sequence
         self.budget = pool.kv.capacity  # parked tokens at most: host memory at most the pool's own KV bytes
         self.pending = False  # a request ended since the last park: an idle slot may hold cells to park

@@ -128,3 +128,18 @@ def test_a_parked_cache_that_is_lost_is_an_eviction_and_the_next_turn_prefills_w
         assert second.text == second_ref.text
         for _ in runner:
             pass
+
+
+def test_parking_is_only_for_a_kv_cache_in_host_memory():
+    """A GPU's or an RPC server's KV would cross PCIe or the network to park: not measured, so not parked."""
+    from types import SimpleNamespace
+
+    from localflash.llama.runtime import ModelOptions, gpu_offload_supported
+    from localflash.speculative.kv_park import kv_in_host_memory
+
+    def on(**kw):
+        return kv_in_host_memory(SimpleNamespace(options=ModelOptions(**kw)))
+
+    assert on(n_gpu_layers=0) and on(devices=[]) and on(devices=["CPU"])
+    assert not on(devices=["RPC0"]) and not on(devices=["CUDA0", "CUDA1"])
+    assert on() == (not gpu_offload_supported())  # all layers on whatever this build has: host memory on a CPU build
