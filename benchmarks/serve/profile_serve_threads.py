@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from bench_vs_llama_server import LlamaServer, run_clients  # this script's folder is sys.path[0]
+from bench_vs_llama_server import LlamaServer, run_clients, thread_cpu  # this script's folder is sys.path[0]
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -126,14 +126,7 @@ class ProfiledServer:
 
 
 def peer_snapshot(pid: int) -> dict:
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            f = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[tid] = ("native", int(f[11]) + int(f[12]))
-    return {"threads": out, "acc": {}}
+    return {"threads": {tid: ("native", seconds * TICK) for tid, seconds in thread_cpu(pid).items()}, "acc": {}}
 
 
 def diff(a: dict, b: dict, tokens: int, wall: float) -> dict:

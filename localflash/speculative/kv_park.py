@@ -118,7 +118,7 @@ class KvPark:
             s = self.pool.slots[i]
             n = self.blobs[i].n
             self.forget(s)
-            self._evict(s, n)
+            self.pool.kv.evicted(n)
             held -= n
 
     def restore(self, slot, req) -> None:
@@ -134,7 +134,7 @@ class KvPark:
         if not slot.ctx.load_state(blob.data) or slot.ctx.pos_max() != blob.n - 1:
             self.failed += 1
             Engine.reset(slot)
-            self._evict(slot, blob.n, req)
+            self.pool.kv.evicted(blob.n, req)
             return
         self.restores += 1
 
@@ -144,13 +144,6 @@ class KvPark:
 
         if self.blobs.pop(slot.index, None) is not None:
             Engine.reset(slot)
-
-    def _evict(self, slot, n: int, req=None) -> None:
-        kv = self.pool.kv
-        kv.evictions += 1
-        kv.evicted_tokens += n
-        if req is not None:
-            req.stats.kv_evicted += n
 
     def describe(self) -> dict:
         return {"parked": len(self.blobs), "parked_tokens": sum(b.n for b in self.blobs.values()), "parks": self.parks,

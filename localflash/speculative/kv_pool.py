@@ -77,10 +77,15 @@ class KvPool:
             n = len(s.tokens)
             Engine.reset(s)
             used -= n
-            req.stats.kv_evicted += n
-            self.evictions += 1
-            self.evicted_tokens += n
+            self.evicted(n, req)
         return used + need <= self.capacity
+
+    def evicted(self, n: int, req=None) -> None:
+        """A cached conversation of ``n`` tokens was dropped (to make room for ``req``, if given): counted."""
+        self.evictions += 1
+        self.evicted_tokens += n
+        if req is not None:
+            req.stats.kv_evicted += n
 
     def admit_waiting(self, admit, finish) -> None:
         """Admit waiting requests in arrival order while each fits (``admit(slot)`` begins its prefill; ``finish(slot, error=)``)."""
