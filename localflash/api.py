@@ -130,6 +130,10 @@ class LLM:
         return [{"id": 0, "state": "idle" if st is None else "decoding", "n_cached": self.session.n_cached, "n_ctx": self.n_ctx,
                  "drafter": self.drafter, **({"generated": st.generated, "tau": round(st.tau, 3)} if st is not None else {})}]
 
+    def decode_counts(self) -> tuple[int, int] | None:
+        """(the target's batched decodes so far, the slots they carried in all); None without parallel slots."""
+        return (self.pool.decodes, self.pool.slot_decodes) if self.pool is not None else None
+
     def generate_batch(self, prompts: list, *, stream: bool = False, **kw) -> list[Completion]:
         """Completions of several prompts decoded together, in the order given (options: see :meth:`start`).
 

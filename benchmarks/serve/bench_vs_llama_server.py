@@ -125,7 +125,7 @@ def server_args(mode: str, args, target: str, dflash: str | None, draft: str | N
     """(localflash serve arguments, llama-server arguments) of one mode."""
     n = str(args.draft_max)
     common_lf = ["-m", target, "-t", str(args.threads), "-c", str(args.ctx), "--parallel", str(args.slots), "--queue", "64"]
-    common_ls = ["-m", target, "-t", str(args.threads), "-c", str(args.ctx), "-np", str(args.slots)]
+    common_ls = ["-m", target, "-t", str(args.threads), "-c", str(args.ctx), "-np", str(args.slots), "--metrics"]
     fixed = ["--fixed"] if args.fixed else []
     if mode == "none":
         return common_lf + ["--spec", "none"], common_ls
@@ -216,9 +216,28 @@ def cpu_split(before: dict, after: dict, n_threads: int) -> dict:
     return {"decode": sum(used[:n_threads]), "other": sum(used[n_threads:])}
 
 
+def decode_counts(url: str) -> tuple[float, float]:
+    """(batched decodes so far, busy slots summed over them) from a server's /metrics (both servers export
+    llama-server's ``n_decode_total`` and ``n_busy_slots_per_decode``, the latter a mean since start)."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    got = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("llamacpp:n_decode_total", "llamacpp:n_busy_slots_per_decode"):
+            got[name] = float(value)
+    n = got.get("llamacpp:n_decode_total", 0.0)
+    return n, n * got.get("llamacpp:n_busy_slots_per_decode", 0.0)
+
+
 def cpu_per_token(cpu: dict, replies: dict) -> dict:
+    """CPU ms a generated token (all threads, and outside the decode threads); the run's batched decodes a
+    generated token and busy slots a decode (prompt chunks included) where the server counts them."""
     tokens = max(1, sum(n for _, n, _, _ in replies.values()))
-    return {"cpu_ms_per_token": 1000 * (cpu["decode"] + cpu["other"]) / tokens, "other_threads_ms_per_token": 1000 * cpu["other"] / tokens}
+    out = {"cpu_ms_per_token": 1000 * (cpu["decode"] + cpu["other"]) / tokens, "other_threads_ms_per_token": 1000 * cpu["other"] / tokens}
+    if cpu.get("decodes"):
+        out["decodes_per_token"] = cpu["decodes"] / tokens
+        out["slots_per_decode"] = cpu["busy_slots"] / cpu["decodes"]
+    return out
 
 
 def figures(replies: dict, wall: float) -> dict:
@@ -279,9 +298,12 @@ def main(argv=None) -> int:
                 order = order if r % 2 == 0 else order[::-1]  # and every other round runs backwards
                 for key in order:
                     load = os.getloadavg()[0]
-                    before = thread_cpu(servers[key].proc.pid)
+                    counts, before = decode_counts(servers[key].url), thread_cpu(servers[key].proc.pid)
                     replies, wall = run_clients(servers[key].url, servers[key].model, n, args.requests, args.max_tokens, args.prompts)
-                    got[key].append((replies, wall, load, cpu_split(before, thread_cpu(servers[key].proc.pid), args.threads)))
+                    cpu = cpu_split(before, thread_cpu(servers[key].proc.pid), args.threads)
+                    after = decode_counts(servers[key].url)
+                    cpu["decodes"], cpu["busy_slots"] = after[0] - counts[0], after[1] - counts[1]
+                    got[key].append((replies, wall, load, cpu))
             for mode in modes:
                 row = mode_row(mode, n, args, got)
                 rows.append(row)

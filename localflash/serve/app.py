@@ -205,7 +205,7 @@ def create_app(llm, worker: Worker, metrics: Metrics, api_key: str | None = None
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus():
         running, queued = worker.depth()
-        text = metrics.render(running, queued, worker.n_slots, worker.busy_time())
+        text = metrics.render(running, queued, worker.n_slots, worker.busy_time(), llm.decode_counts())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/slots")

@@ -69,7 +69,7 @@ class Metrics:
             if status == 503:
                 self.rejected_full += 1
 
-    def render(self, running: int, queued: int, slots: int = 1, busy_seconds: float = 0.0) -> str:
+    def render(self, running: int, queued: int, slots: int = 1, busy_seconds: float = 0.0, decodes: tuple[int, int] | None = None) -> str:
         with self.lock:
             lines: list[str] = []
 
@@ -100,6 +100,10 @@ class Metrics:
             metric(ll + "predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s", gt)
             metric(ll + "requests_processing", "gauge", "Number of requests processing", running)
             metric(ll + "requests_deferred", "gauge", "Number of requests deferred", queued)
+            if decodes is not None:  # parallel slots: how full the batched decodes ran (llama-server's two)
+                metric(ll + "n_decode_total", "counter", "Total number of llama_decode() calls", decodes[0])
+                metric(ll + "n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call",
+                       decodes[1] / decodes[0] if decodes[0] else 0.0)
             metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches", running)
             metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed", queued)
             lf = "localflash:"

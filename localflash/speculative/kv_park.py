@@ -37,6 +37,9 @@ from localflash.llama.runtime import gpu_offload_supported
 
 # a smaller cache widens attention by little and is cheap to prefill again: not worth two copies of its rows
 MIN_PARK_TOKENS = 64
+# a parked cache is put back when a prompt shares its first this many tokens (or the prompt's all but last, if shorter):
+# the copy back costs far less than a prefill of the shared prefix (host memory: a memcpy of the rows)
+MIN_REUSE_TOKENS = 16
 
 
 def kv_in_host_memory(target) -> bool:
@@ -81,10 +84,13 @@ class KvPark:
 
     @staticmethod
     def _reused(slot, prompt) -> bool:
-        """Whether ``prompt`` starts with the slot's first MIN_PARK_TOKENS cached tokens (else the cache is not put
-        back: the prompt replaces it, whatever few tokens the prefix reuse would have kept)."""
-        n = MIN_PARK_TOKENS
-        return len(prompt) > n and slot.tokens[:n] == prompt[:n]
+        """Whether ``prompt`` starts with the slot's first MIN_REUSE_TOKENS cached tokens (a shorter prompt: all its
+        tokens but the last, which is decoded whatever is cached). Else the cache is not put back: the prompt replaces
+        it, whatever few tokens the prefix reuse would have kept. A short prompt that repeats or continues the
+        parked conversation is reused like a long one (the same question asked again, a system prompt and a
+        short user turn)."""
+        n = min(MIN_REUSE_TOKENS, len(prompt) - 1)
+        return n > 0 and slot.tokens[:n] == prompt[:n]
 
     # -- the pool's thread ------------------------------------------------------------
     def park_idle(self) -> None:

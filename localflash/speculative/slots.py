@@ -123,6 +123,8 @@ class SlotPool(JoiningPrompts):
         self.steps = 0
         self.rows_decoded = 0
         self.most_active = 0  # the most slots one step decoded together
+        self.decodes = 0  # the target's batched decodes (steps and joining prompts' chunks: llama-server's n_decode_total)
+        self.slot_decodes = 0  # summed over them, the slots each carried (/ decodes: llama-server's n_busy_slots_per_decode)
         self._calls: list = []
         self._joining: list[SlotEngine] = []
         self.unified = bool(getattr(ctx, "kv_unified", False)) and len(drafters) > 1

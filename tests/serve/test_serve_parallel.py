@@ -129,6 +129,10 @@ def test_concurrent_clients_get_their_solo_replies(servers, clients):
     assert len(slots) == 8 and all(s["state"] == "idle" for s in slots)
     metrics = httpx.get(server.url + "/metrics").text
     assert "localflash:slots 8" in metrics and "localflash:aggregate_tokens_per_second" in metrics
+    values = dict(line.split(" ", 1) for line in metrics.splitlines() if line.startswith("llamacpp:n_"))
+    # llama-server's pair: batched decodes, and the slots they carried (each decode at least one; some, two or more)
+    assert int(values["llamacpp:n_decode_total"]) > 0
+    assert 1.0 < float(values["llamacpp:n_busy_slots_per_decode"]) <= 8
 
 
 def test_a_prompt_larger_than_a_slot_is_a_400(servers):

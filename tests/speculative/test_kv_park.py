@@ -143,3 +143,27 @@ def test_parking_is_only_for_a_kv_cache_in_host_memory():
     assert on(n_gpu_layers=0) and on(devices=[]) and on(devices=["CPU"])
     assert not on(devices=["RPC0"]) and not on(devices=["CUDA0", "CUDA1"])
     assert on() == (not gpu_offload_supported())  # all layers on whatever this build has: host memory on a CPU build
+
+
+SHORT = [{"role": "user", "content": "Write a long story about the sea."}]  # fewer tokens than MIN_PARK_TOKENS
+
+
+def test_a_short_prompt_asked_again_is_restored_and_reused_not_prefilled_again(tiny_target):
+    """The cache is long enough to park (prompt + reply), the prompt alone is not: asked again while another slot
+    runs, it is put back and all of the prompt but its last token comes from it, as when nothing was parked."""
+    with load(model=str(tiny_target), **OPTS) as llm:
+        first = llm.chat(SHORT, slot=HOME_SLOT, max_tokens=72, temperature=0)
+        assert llm.slots()[HOME_SLOT]["n_cached"] >= MIN_PARK_TOKENS > first.prompt_tokens
+        ref = llm.chat(SHORT, slot=HOME_SLOT, max_tokens=12, temperature=0)  # nothing else runs: nothing parked
+        assert llm.pool.park.parks == 0 and ref.cached_tokens == first.prompt_tokens - 1
+    with load(model=str(tiny_target), **OPTS) as llm:
+        llm.chat(SHORT, slot=HOME_SLOT, max_tokens=72, temperature=0)
+        runner = _start_runner(llm)
+        assert _cells(llm, HOME_SLOT) == 0 and llm.slots()[HOME_SLOT]["kv_parked"]
+        assert llm.slot_for(SHORT, [0, 2, 3]) == HOME_SLOT
+        again = llm.chat(SHORT, slot=HOME_SLOT, max_tokens=12, temperature=0)
+        assert llm.pool.park.restores == 1 and llm.pool.kv.evictions == 0
+        assert again.cached_tokens == ref.cached_tokens and llm.slots()[HOME_SLOT]["n_reused"] == ref.cached_tokens
+        assert again.text == ref.text
+        for _ in runner:
+            pass
