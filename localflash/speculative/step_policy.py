@@ -72,6 +72,9 @@ class StepPolicy:
         limits = [lim for _, lim in slots]
         top = max([0] + limits)
         top = min(top, self.max_draft)
+        if top == 0:  # (plain decoding, or no room to draft: no arrays to build)
+            self.last_choice = 0
+            return 0
         drafts = np.minimum(np.arange(top + 1), np.array(limits)[:, None])  # [slot, k]: what each slot drafts at k
         rows = (len(limits) + drafts.sum(axis=0)).tolist()  # rows(limits, k) for every k
         while top and rows[top] > self.max_rows:
