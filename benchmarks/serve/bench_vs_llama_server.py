@@ -23,7 +23,10 @@ over the better of llama-server's plain and drafting aggregates of the same roun
 and over localflash's own plain (``lf / lf plain``), when ``none`` is among the modes. The 1-minute load average is recorded
 beside every row: timings need an idle machine. So is each server's CPU a generated token (Linux /proc, all
 its threads), and the part of it outside its ``--threads`` busiest threads (the decode): the HTTP side, request
-handling and hand-offs, which on a machine whose cores all decode take their time from the decode.
+handling and hand-offs, which on a machine whose cores all decode take their time from the decode. And
+the slots each batched decode carried, on average (both servers' ``/metrics``: llama-server's
+``n_busy_slots_per_decode``, which localflash exports too; llama-server needs ``--metrics``): a server
+whose requests join late decodes more, smaller batches for the same tokens.
 
 Drafting flags: localflash ``--spec draft --draft-max N`` (its adaptive length, unless --fixed)
 against ``--spec-type draft-simple --spec-draft-n-max N``; ``--spec ngram`` against
@@ -353,8 +356,9 @@ def markdown(rows: list[dict], args, target: str) -> str:
     lines = [f"{Path(target).name}, -np {args.slots} -c {args.ctx} -t {args.threads}, {args.max_tokens} tokens a request "
              f"({args.prompts} prompts), greedy, medians of {args.rounds} interleaved rounds (every server in each round)", "",
              "| mode | clients | localflash agg tok/s | llama-server agg tok/s | ratio (rounds' range) | lf / best ls | lf / lf plain "
-             "| per-stream (lf / ls) | TTFT s (lf / ls) | CPU ms a token (lf / ls) | of it outside the decode threads | equal texts | load |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| per-stream (lf / ls) | TTFT s (lf / ls) | CPU ms a token (lf / ls) | of it outside the decode threads "
+             "| slots a decode (lf / ls) | equal texts | load |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         lf, ls = r["localflash"], r["llama-server"]
         best = f"{r['localflash_over_best_llama_server']:.2f}×" if "localflash_over_best_llama_server" in r else "–"
@@ -362,9 +366,14 @@ def markdown(rows: list[dict], args, target: str) -> str:
         lines.append(f"| {r['mode']} | {r['clients']} | {lf['aggregate_tok_s']:.1f} | {ls['aggregate_tok_s']:.1f} | "
                      f"{r['localflash_over_llama_server']:.2f}× ({_span(r)}) | {best} | {own} | {lf['per_stream_tok_s']:.1f} / {ls['per_stream_tok_s']:.1f} | "
                      f"{lf['ttft_s']:.2f} / {ls['ttft_s']:.2f} | {lf['cpu_ms_per_token']:.1f} / {ls['cpu_ms_per_token']:.1f} | "
-                     f"{lf['other_threads_ms_per_token']:.2f} / {ls['other_threads_ms_per_token']:.2f} | {r['equal_texts']}/{r['requests']} | "
+                     f"{lf['other_threads_ms_per_token']:.2f} / {ls['other_threads_ms_per_token']:.2f} | "
+                     f"{_slots(lf)} / {_slots(ls)} | {r['equal_texts']}/{r['requests']} | "
                      f"{max(lf['load_1min'] + ls['load_1min']):.2f} |")
     return "\n".join(lines)
+
+
+def _slots(fig: dict) -> str:
+    return f"{fig['slots_per_decode']:.2f}" if "slots_per_decode" in fig else "–"
 
 
 def _span(row: dict) -> str:
