@@ -10,7 +10,8 @@ Split streams (llama-server's ``-np``) do not pay it.
 So while some slot has a request going, an idle slot's target sequence is copied out to host
 memory (``llama_state_seq_get_data``) and its cells are freed; the slot keeps its token list, so
 routing (``LLM.slot_for``) still sends the conversation's next turn there. When a request is
-admitted to a parked slot its sequence is put back (``llama_state_seq_set_data``: the same K/V
+admitted to a parked slot and its prompt shares the cache's first MIN_REUSE_TOKENS tokens (a short
+prompt: all but its last), the sequence is put back (``llama_state_seq_set_data``: the same K/V
 rows, in whatever cells are free) before the usual prefix reuse cuts it to the shared prefix;
 a restore that fails (no room, a bad blob) forgets the cache and the prompt is prefilled whole,
 counted as an eviction. A parked cache holds no pool cells (``KvPool.held``); admission reserves
