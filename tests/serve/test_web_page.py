@@ -1,7 +1,9 @@
 """The chat page at ``/`` in a real browser (Debian's chromium through Playwright) against a live server.
 
 The demo pair at one thread with a fixed draft length (the adaptive one turns
-drafting off on a CPU): the page's greedy reply equals `localflash run`, its
+drafting off on a CPU), one KV stream a slot (in a unified pool a slot's cells interleave with the
+other slots' and the attention sums them in cell order, so a reply's rounding would depend on what
+the earlier tests left in the other slots: config.EXACT_UNIFIED): the page's greedy reply equals `localflash run`, its
 tinted tokens are exactly the server's accepted drafts (from /metrics), Esc
 stops the server within a cycle, drafting off drafts nothing, and an API-key
 server gets its key from the page. Everything is driven from the keyboard.
@@ -26,7 +28,7 @@ if (why := missing()) is not None:
 from playwright.sync_api import sync_playwright  # noqa: E402
 
 PROMPT = "Write a short Python function that checks whether a number is prime."
-DEMO = ("--pair", "demo", "-t", "1", "--fixed", "--draft-max", "4")
+DEMO = ("--pair", "demo", "-t", "1", "--fixed", "--draft-max", "4", "--kv-pool", "split")
 PAGE_REQUESTS = {("GET", p) for p in ("/", "/style.css", "/app.js", "/reply.js", "/markdown.js", "/v1/localflash/info")} | {
     ("POST", "/v1/chat/completions")}
 ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
