@@ -233,7 +233,8 @@ class Worker:
             line += f", evicted {st.kv_evicted} idle cached tok"
         line += f", {reason}, {dt:.2f} s"
         if reason == "cancelled" and job.cancel.t_set is not None:
-            after = st.cycles - job.cancel.cycles_at_set
+            live = job.cancel.live  # the figures the cancel was counted on (a slot pool's own: the last chunk's may lag them)
+            after = (live.cycles if live is not None else st.cycles) - job.cancel.cycles_at_set
             line += f"; client left: stopped {after} cycle(s), {1000 * (t_end - job.cancel.t_set):.0f} ms after"
         self.log(line)
 
