@@ -290,7 +290,10 @@ def test_chat_over_piped_stdin_runs_every_command(lf, tiny_target, tiny_drafters
         "/quit",
         "This line comes after /quit and is never read",
     ]
-    r = lf("chat", "-m", tiny_target, "--drafter", tiny_drafters["near"], "-n", "16", "-t", "1", "--seed", "3", input="\n".join(lines) + "\n")
+    # drafting on and a fixed length before the commands: /stats then has drafts to show whatever the step costs
+    # (auto and the adaptive length decide on timings, which a loaded machine can make say "off")
+    r = lf("chat", "-m", tiny_target, "--drafter", tiny_drafters["near"], "-n", "16", "-t", "1", "--seed", "3",
+           "--draft", "on", "--fixed", input="\n".join(lines) + "\n")
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     err, out = r.stderr, r.stdout
