@@ -126,6 +126,12 @@ class JoiningPrompts:
             parts.append((s, (s.ctx, tokens, start, outputs)))
         return parts
 
+    def _decode(self, parts: list) -> None:
+        """One target decode of ``parts`` (a slot's rows each), counted: decodes and the slots they carried (/metrics)."""
+        decode_views(self.ctx, parts)
+        self.decodes += 1
+        self.slot_decodes += len(parts)
+
     def _decode_with_fills(self, parts: list, filling: list) -> int:
         """One decode: the step's ``parts`` and the joining prompts' next chunks; returns the prompt rows it carried.
 
@@ -134,17 +140,13 @@ class JoiningPrompts:
         """
         if not filling:  # (most steps: nothing joins)
             if parts:
-                decode_views(self.ctx, parts)
-                self.decodes += 1
-                self.slot_decodes += len(parts)
+                self._decode(parts)
             return 0
         step_rows = sum([len(p[1]) for p in parts])
         step_outputs = sum([len(p[1]) if p[3] in (True, "all") else 1 for p in parts])
         fills = self._fill_parts(filling, step_rows, step_outputs)
         if parts or fills:
-            decode_views(self.ctx, parts + [f for _, f in fills])
-            self.decodes += 1
-            self.slot_decodes += len(parts) + len(fills)
+            self._decode(parts + [f for _, f in fills])
         for s, _part in fills:
             self._filled(s)
         return sum([len(f[1]) for _, f in fills])
@@ -154,14 +156,10 @@ class JoiningPrompts:
         and its last token too when only that is left; returns the joining slots that ride in the step instead."""
         for s in [s for s in filling if self._alone(s)]:
             fill = s.request.fill
-            decode_views(self.ctx, [(s.ctx, *fill.chunk(self.ctx.n_batch))])
-            self.decodes += 1
-            self.slot_decodes += 1
+            self._decode([(s.ctx, *fill.chunk(self.ctx.n_batch))])
             self._filled(s)
             if s.request is not None and s.request.fill is fill and fill.done == fill.split == len(fill.prompt) - 1:
-                decode_views(self.ctx, [(s.ctx, *fill.chunk(1))])  # the checkpoint is taken: the last token, as a lone prefill
-                self.decodes += 1
-                self.slot_decodes += 1
+                self._decode([(s.ctx, *fill.chunk(1))])  # the checkpoint is taken: the last token, as a lone prefill
                 self._filled(s)
         return [s for s in filling if not self._alone(s)]
 

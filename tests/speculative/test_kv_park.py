@@ -130,19 +130,23 @@ def test_a_parked_cache_that_is_lost_is_an_eviction_and_the_next_turn_prefills_w
             pass
 
 
-def test_parking_is_only_for_a_kv_cache_in_host_memory():
+def test_parking_is_only_for_a_kv_cache_in_host_memory(monkeypatch):
     """A GPU's or an RPC server's KV would cross PCIe or the network to park: not measured, so not parked."""
     from types import SimpleNamespace
 
-    from localflash.llama.runtime import ModelOptions, gpu_offload_supported
-    from localflash.speculative.kv_park import kv_in_host_memory
+    from localflash.llama.runtime import ModelOptions
+    from localflash.speculative import kv_park
 
     def on(**kw):
-        return kv_in_host_memory(SimpleNamespace(options=ModelOptions(**kw)))
+        return kv_park.kv_in_host_memory(SimpleNamespace(options=ModelOptions(**kw)))
 
     assert on(n_gpu_layers=0) and on(devices=[]) and on(devices=["CPU"])
     assert not on(devices=["RPC0"]) and not on(devices=["CUDA0", "CUDA1"])
-    assert on() == (not gpu_offload_supported())  # all layers on whatever this build has: host memory on a CPU build
+    # all layers on whatever the build has: host memory on a CPU build, a GPU's memory on a GPU build
+    monkeypatch.setattr(kv_park, "gpu_offload_supported", lambda: False)
+    assert on()
+    monkeypatch.setattr(kv_park, "gpu_offload_supported", lambda: True)
+    assert not on() and on(n_gpu_layers=0)
 
 
 SHORT = [{"role": "user", "content": "Write a long story about the sea."}]  # fewer tokens than MIN_PARK_TOKENS
