@@ -14,7 +14,9 @@ admitted to a parked slot and its prompt shares the cache's first MIN_REUSE_TOKE
 prompt: all but its last), the sequence is put back (``llama_state_seq_set_data``: the same K/V
 rows, in whatever cells are free) before the usual prefix reuse cuts it to the shared prefix;
 a restore that fails (no room, a bad blob) forgets the cache and the prompt is prefilled whole,
-counted as an eviction. A parked cache holds no pool cells (``KvPool.held``); admission reserves
+counted as an eviction. So does one that would take more cells than the request reserves (the prompt
+shares only the cache's start) where they are not free: other conversations are not evicted, nor the
+request kept waiting, to put back cells the prefix reuse would cut at once (``KvPool.make_room``). A parked cache holds no pool cells (``KvPool.held``); admission reserves
 the cells its restore takes (:meth:`KvPark.restore_cells`). Parked blobs are held to at most the
 pool's own cells' worth of host memory (:attr:`KvPark.budget`, in tokens): beyond it the least
 recently used are dropped, counted as evictions (``KvPool.evictions``).

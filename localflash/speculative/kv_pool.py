@@ -58,16 +58,25 @@ class KvPool:
         return sum(self.held(s) for s in self.slots_pool.slots)
 
     def make_room(self, slot) -> bool:
-        """Whether ``slot``'s request fits, after dropping least recently used idle caches if it must."""
+        """Whether ``slot``'s request fits, after dropping least recently used idle caches if it must.
+
+        A parked cache that the prompt would reuse is put back whole (all its cells) before the prefix reuse cuts it:
+        where that does not fit and the request alone needs fewer cells, the cache is forgotten instead (kv_park.py)."""
         from localflash.speculative.loop import Engine
 
         req = slot.request
-        need = max(self.reservation(slot, req), self.slots_pool.park.restore_cells(slot, req.prompt))  # (a restore takes all its cells)
+        park = self.slots_pool.park
+        need, restore = self.reservation(slot, req), park.restore_cells(slot, req.prompt)  # (a restore takes all its cells)
         used = sum(self.held(s) for s in self.slots_pool.slots if s is not slot)
-        if used + need <= self.capacity:
+        if used + max(need, restore) <= self.capacity:
             return True
+        if restore > need:  # its parked cache would take back cells the prompt leaves behind (it shares only a prefix):
+            park.forget(slot)  # prefill the prompt rather than evict other conversations or wait for room to put it back
+            self.evicted(restore, req)
+            if used + need <= self.capacity:
+                return True
         # idle slots first (oldest first), then the stale caches of requests that wait behind this one
-        parked = self.slots_pool.park.blobs  # (they hold no cells: dropping one makes no room)
+        parked = park.blobs  # (they hold no cells: dropping one makes no room)
         idle = sorted((s for s in self.slots_pool.slots if s is not slot and s.tokens and s.index not in parked
                        and (s.request is None or s in self.waiting)),
                       key=lambda s: (s.request is not None, self.used_at[s.index]))

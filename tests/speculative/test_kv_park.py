@@ -13,6 +13,7 @@ test_prefix_routing.py the reply equalities are of greedy tokens on the tiny lla
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import pytest
 
@@ -171,3 +172,44 @@ def test_a_short_prompt_asked_again_is_restored_and_reused_not_prefilled_again(t
         assert again.text == ref.text
         for _ in runner:
             pass
+
+
+LONG_HOME = [{"role": "user", "content": "Tell me about the sea, " + "the waves, the tides and the ships, " * 60}]
+SHARES_ITS_START = [{"role": "user", "content": "Tell me about the sea, the waves, the tides and the ships, the waves."}]
+THIRD = [{"role": "user", "content": "Write a long story about a lighthouse."}]
+
+
+def test_a_prompt_sharing_only_the_start_of_a_parked_cache_that_no_longer_fits_is_prefilled_not_made_to_wait(tiny_target):
+    """A long conversation is parked; other requests then reserve the cells it held. A short prompt that shares only
+    its first tokens comes to its slot: putting the cache back would take all of its cells to keep a few, so the cache
+    is forgotten (an eviction) and the prompt is prefilled at once, where before it waited for the others to finish."""
+    with load(model=str(tiny_target), **OPTS) as llm:
+        ref = llm.chat(SHARES_ITS_START, slot=HOME_SLOT, max_tokens=8, temperature=0)  # alone: nothing to park
+    with load(model=str(tiny_target), **OPTS) as llm:
+        pool = llm.pool
+        llm.chat(LONG_HOME, slot=HOME_SLOT, max_tokens=4, temperature=0)
+        n = llm.slots()[HOME_SLOT]["n_cached"]
+        runner = llm.chat(RUNNER, slot=RUNNER_SLOT, stream=True, max_tokens=600, temperature=0)
+        next(runner)  # running: the home cache is parked (its cells freed)
+        assert llm.slots()[HOME_SLOT]["kv_parked"] and _cells(llm, HOME_SLOT) == 0
+        third = llm.chat(THIRD, slot=2, stream=True, max_tokens=2048 - n - 600, temperature=0)
+        next(third)  # admitted into the parked cache's cells: the runner and it reserve all but fewer than n cells
+        room = pool.kv.capacity - sum(pool.kv.held(s) for s in pool.slots)
+        prompt = list(llm.session.encode(SHARES_ITS_START)[0])
+        assert room < n and pool.park.restore_cells(pool.slots[HOME_SLOT], prompt) == n  # it would be put back whole
+        assert len(prompt) + 8 < room  # while the prompt and its reply fit as they are
+        out = {}
+
+        def ask():
+            out["reply"] = llm.chat(SHARES_ITS_START, slot=HOME_SLOT, max_tokens=8, temperature=0)
+
+        t = threading.Thread(target=ask, daemon=True)
+        t.start()
+        t.join(60)  # (before: it waited for room that the unread runner and third never give back)
+        assert "reply" in out, "the prompt waited for KV room"
+        reply = out["reply"]
+        assert pool.kv.waits == 0 and pool.kv.evictions == 1 and pool.kv.evicted_tokens == n and pool.park.restores == 0
+        assert reply.cached_tokens == 0 and reply.stats.kv_evicted == n
+        assert reply.text == ref.text
+        for stream in (runner, third):
+            stream.close()
