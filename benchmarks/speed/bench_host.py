@@ -58,6 +58,7 @@ request's chain in the graph), with the verify rows' bytes to the host a step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import json
 import pstats
@@ -89,8 +90,10 @@ class Timer:
 
     def __init__(self, ctx):
         self.seconds = 0.0
-        self.cpu = 0.0  # this thread's CPU seconds inside llama_decode (all of it when n_threads = 1)
+        self.cpu = 0.0  # this thread's CPU seconds inside llama_decode (all of it when n_threads = 1; ~0 with --decode-core)
         self.calls = 0
+        if DECODE_CORE is not None:
+            DECODE_CORE.move(ctx)
         inner, cpu, wall = ctx._run, time.thread_time, time.perf_counter
 
         def timed(raw, n):
@@ -102,6 +105,14 @@ class Timer:
             self.cpu += cpu() - c
 
         ctx._run = timed
+
+
+DECODE_CORE = None  # --decode-core: an offcore.DecodeCore that every timed context's decodes run on
+
+
+def decodes_at_home():
+    """Decodes on the calling thread again while calls are counted (the hand-off to --decode-core is the bench's)."""
+    return DECODE_CORE.at_home() if DECODE_CORE is not None else contextlib.nullcontext()
 
 
 SMALL = dict(n_vocab=8192, n_embd=512)  # --small: the same loop on tiny shapes (call counts do not depend on them)
@@ -187,48 +198,49 @@ def run_slots(tpath: Path, dpath: Path, block: int, n_slots: int, a, out: list, 
             ref = plain_reference(target, prompt, a.tokens, sp, a.threads, in_graph)
             res = {}
             for counting in (False, True):
-                for d in group.drafters:
-                    d.set_reference(prompt + ref)
-                outs = [None] * n_slots
+                with decodes_at_home() if counting else contextlib.nullcontext():
+                    for d in group.drafters:
+                        d.set_reference(prompt + ref)
+                    outs = [None] * n_slots
 
-                def go(i):
-                    outs[i] = [t for new in pool.slots[i].generate(prompt, a.tokens, sp) for t in new]
+                    def go(i):
+                        outs[i] = [t for new in pool.slots[i].generate(prompt, a.tokens, sp) for t in new]
 
-                n, names = [0], Counter()
+                    n, names = [0], Counter()
 
-                def count(frame, event, arg):
-                    if event in ("call", "c_call"):
-                        n[0] += 1
+                    def count(frame, event, arg):
+                        if event in ("call", "c_call"):
+                            n[0] += 1
+                            if a.breakdown:
+                                names[_call_name(frame, event, arg)] += 1
+
+                    threads = [threading.Thread(target=go, args=(i,)) for i in range(n_slots)]
+                    for s in pool.slots:
+                        s.reset()
+                    c0, s0, in0, r0 = pool.call(time.thread_time), pool.steps, tt.cpu + dt.cpu, pool.rows_decoded
+                    for t in threads:
+                        t.start()
+                    if counting:  # from the step where every slot decodes (no prefill) to the end
+                        while not all(s.request is not None and s.request.state == "decode" for s in pool.slots):
+                            time.sleep(0.0005)
+                        untimed = [(c, c.__dict__.pop("_run")) for c in (ctx, inner.ctx)]
+                        s0 = pool.call(lambda: (sys.setprofile(count), pool.steps)[1])
+                    for t in threads:
+                        t.join()
+                    if counting:
+                        steps = pool.call(lambda: (sys.setprofile(None), pool.steps)[1]) - s0
+                        for c, run in untimed:
+                            c._run = run
+                        res["calls"] = n[0] / max(steps, 1)
                         if a.breakdown:
-                            names[_call_name(frame, event, arg)] += 1
-
-                threads = [threading.Thread(target=go, args=(i,)) for i in range(n_slots)]
-                for s in pool.slots:
-                    s.reset()
-                c0, s0, in0, r0 = pool.call(time.thread_time), pool.steps, tt.cpu + dt.cpu, pool.rows_decoded
-                for t in threads:
-                    t.start()
-                if counting:  # from the step where every slot decodes (no prefill) to the end
-                    while not all(s.request is not None and s.request.state == "decode" for s in pool.slots):
-                        time.sleep(0.0005)
-                    untimed = [(c, c.__dict__.pop("_run")) for c in (ctx, inner.ctx)]
-                    s0 = pool.call(lambda: (sys.setprofile(count), pool.steps)[1])
-                for t in threads:
-                    t.join()
-                if counting:
-                    steps = pool.call(lambda: (sys.setprofile(None), pool.steps)[1]) - s0
-                    for c, run in untimed:
-                        c._run = run
-                    res["calls"] = n[0] / max(steps, 1)
-                    if a.breakdown:
-                        print(f"  calls per step by function ({steps} steps):")
-                        for fn, c in names.most_common(a.breakdown):
-                            print(f"    {c / steps:6.1f}  {fn}")
-                else:
-                    steps = pool.steps - s0
-                    host = pool.call(time.thread_time) - c0 - (tt.cpu + dt.cpu - in0)
-                    res.update(host_us=1e6 * host / steps, steps=steps, same=all(o == ref for o in outs),
-                               bytes=logits_bytes_to_host(pool.rows_decoded - r0, target.n_vocab, in_graph) / steps)
+                            print(f"  calls per step by function ({steps} steps):")
+                            for fn, c in names.most_common(a.breakdown):
+                                print(f"    {c / steps:6.1f}  {fn}")
+                    else:
+                        steps = pool.steps - s0
+                        host = pool.call(time.thread_time) - c0 - (tt.cpu + dt.cpu - in0)
+                        res.update(host_us=1e6 * host / steps, steps=steps, same=all(o == ref for o in outs),
+                                   bytes=logits_bytes_to_host(pool.rows_decoded - r0, target.n_vocab, in_graph) / steps)
             row = {"block": block, "sampling": name, "variant": variant, "tokens": a.tokens, "slots": n_slots,
                    "steps": res["steps"], "host_cpu_us_per_step": res["host_us"], "python_calls_per_step": res["calls"],
                    "python_calls_per_step_per_slot": res["calls"] / n_slots, "same_as_plain": res["same"],
@@ -366,7 +378,8 @@ def count_calls(eng, prompt, n_tokens, sp, breakdown: int = 0, untimed: tuple = 
 
     timers = [(c, c.__dict__.pop("_run")) for c in untimed if "_run" in c.__dict__]
     try:
-        return _count(eng, prompt, n_tokens, sp, breakdown, Counter, Stats)
+        with decodes_at_home():
+            return _count(eng, prompt, n_tokens, sp, breakdown, Counter, Stats)
     finally:
         for c, run in timers:
             c._run = run
@@ -535,10 +548,20 @@ def main(argv=None) -> int:
     ap.add_argument("--tree", type=int, default=0, help="also run one stream verifying a DDTree of this many nodes (e.g. 16)")
     ap.add_argument("--breakdown", type=int, default=0, metavar="N", help="print the N functions called most often per cycle")
     ap.add_argument("--small", action="store_true", help="tiny shapes (vocabulary 8,192, width 512): the same calls per cycle, in seconds")
+    ap.add_argument("--decode-core", type=int, default=None, metavar="CORE",
+                    help="run every timed llama_decode on a thread pinned to this core, the loop on the others: the decode "
+                         "leaves the loop's core's own caches (L1, L2) alone, as a GPU's would; the shared L3 is still swept "
+                         "(benchmarks/speed/offcore.py)")
     ap.add_argument("--profile", action="store_true", help="print cProfile's top functions (thread CPU time) of each timed run")
     ap.add_argument("--profile-top", type=int, default=16)
     a = ap.parse_args(argv)
     bl.set_omp_wait("passive")
+    global DECODE_CORE
+    if a.decode_core is not None:
+        from offcore import DecodeCore  # (this folder is on sys.path when run as a script)
+
+        DECODE_CORE = DecodeCore(a.decode_core)
+        print(f"decodes on core {a.decode_core}, the loop on cores {sorted(DECODE_CORE.loop_cores)}", flush=True)
     blocks = [int(b) for b in a.blocks.split(",")]
     tpath, dpaths = write_models(Path(a.work), blocks, a.small)
     rows: list = []
@@ -552,7 +575,7 @@ def main(argv=None) -> int:
         if a.tree:
             run_tree(write_dense_target(Path(a.work), a.small), dpaths[b], b, a.tree, a, rows)
     if a.json:
-        Path(a.json).write_text(json.dumps({"machine": bl.machine_info(), "rows": rows}, indent=1))
+        Path(a.json).write_text(json.dumps({"machine": bl.machine_info(), "decode_core": a.decode_core, "rows": rows}, indent=1))
     return 0
 
 
