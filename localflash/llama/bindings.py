@@ -58,6 +58,8 @@ def short_omp_spin(environ=None, loaded: bool | None = None) -> str | None:
     core leaves its partner spinning at the next barrier. With ``-t`` = the cores, that costs
     more than the compute itself (benchmarks/serve/profile_serve_threads.py, 4 clients on 2 busy cores:
     605 ms CPU per generated token at libgomp's default, 67-81 ms at this one; llama-server 82 at this one).
+    The price on an idle machine is a few percent (benchmarks/serve/server_variants.py, Qwen2.5-Coder 1.5B, 4 clients:
+    1.00x llama-server at this spin, 1.02x at the default); with one busy process beside them 1.38x and 0.99x.
     libgomp reads GOMP_SPINCOUNT once, when llama.cpp's library loads: this must run before
     :func:`lib` (``loaded``: whether it has; default: ``llama_cpp`` imported). Returns the value
     set, or None where GOMP_SPINCOUNT / OMP_WAIT_POLICY is already in ``environ`` or it is too late.
