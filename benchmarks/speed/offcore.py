@@ -45,7 +45,6 @@ class DecodeCore:
         self._go, self._done = threading.Event(), threading.Event()
         self._job: tuple | None = None
         self._result = None
-        self.calls = 0
         self._moved: list = []  # (context, its own llama_decode)
         self._thread = threading.Thread(target=self._serve, name=f"decode-core-{core}", daemon=True)
         self._thread.start()
@@ -68,7 +67,6 @@ class DecodeCore:
         self._done.clear()
         self._go.set()
         self._done.wait()
-        self.calls += 1
         result = self._result
         if isinstance(result, BaseException):
             raise result
